@@ -1,0 +1,411 @@
+"""Quantization encodings and jittable dequantizers for GGUF block formats.
+
+This is maxjax's counterpart of ``max.graph.quantization``: :class:`QuantizationEncoding` (with the
+members of MAX 26.7 plus the other common GGUF block formats), :class:`BlockParameters` and
+:class:`QuantizationConfig`, and the kernels that MAX keeps in its ``ops.dequantize`` /
+``ops.qmatmul``: :func:`dequantize` and :func:`quantized_matmul`.
+
+Packed weights stay packed (``uint8``) in device memory. Each GGUF encoding has one pure-``jnp``
+dequantizer made only of slices, reshapes, shifts, masks, converts and multiply-adds, so that it
+runs under ``jax.jit``/``vmap``/``eval_shape`` and XLA fuses it into one loop (and, for
+:func:`quantized_matmul`, into the consumer of the weights).
+
+The bit layouts are those of llama.cpp (``ggml/src/ggml-quants.c``, ``dequantize_row_*``) as
+re-implemented in numpy by the ``gguf`` Python package (``gguf/quants.py``,
+``<Type>.dequantize_blocks``); our results are bit-identical to ``gguf.quants.dequantize``: the
+float operations are the same ones, done in the same order, in float32.
+
+A packed tensor is ``[rows, bytes_per_row]`` ``uint8`` where each row is a whole number of blocks,
+which is how ``gguf.GGUFReader`` returns quantized tensors (``ReaderTensor.data``). The result is
+``float32 [rows, bytes_per_row // block_size * elements_per_block]``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+if TYPE_CHECKING:  # pragma: no cover
+    import gguf
+
+__all__ = [
+    "BlockParameters",
+    "QuantizationConfig",
+    "QuantizationEncoding",
+    "dequantize",
+    "quantized_matmul",
+]
+
+QK_K = 256  # elements per super-block of the k-quants
+_K_SCALE_SIZE = 12  # bytes of packed 6-bit scales and mins in Q4_K / Q5_K
+
+
+class BlockParameters(NamedTuple):
+    """Shape of one quantization block: how many elements it holds, and its size in bytes."""
+
+    elements_per_block: int
+    block_size: int
+
+
+class QuantizationEncoding(enum.Enum):
+    """How a weight is quantized (``max.graph.quantization.QuantizationEncoding``).
+
+    MAX 26.7 has Q4_0, Q4_K, Q5_K, Q6_K and GPTQ; maxjax adds the other GGUF block formats that
+    :func:`dequantize` supports (Q4_1, Q5_0, Q5_1, Q8_0). As in MAX, ``.name`` is lower case
+    (``QuantizationEncoding.Q4_K.name == "q4_k"``) while the value is upper case.
+    """
+
+    Q4_0 = "Q4_0"
+    Q4_1 = "Q4_1"
+    Q5_0 = "Q5_0"
+    Q5_1 = "Q5_1"
+    Q8_0 = "Q8_0"
+    Q4_K = "Q4_K"
+    Q5_K = "Q5_K"
+    Q6_K = "Q6_K"
+    GPTQ = "GPTQ"
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        """The lower-case name, as MAX returns it (``"q4_k"``)."""
+        return self._name_.lower()
+
+    @property
+    def block_parameters(self) -> BlockParameters:
+        """``BlockParameters(elements_per_block, block_size)``; a ValueError for GPTQ."""
+        try:
+            return _BLOCK_PARAMETERS[self]
+        except KeyError:
+            raise ValueError(
+                f"{self} has no fixed block parameters: it is not a GGUF block format "
+                f"(GGUF encodings: {', '.join(e.value for e in _BLOCK_PARAMETERS)})"
+            ) from None
+
+    @property
+    def elements_per_block(self) -> int:
+        """Number of weight elements in one block (32, or 256 for the k-quants)."""
+        return self.block_parameters.elements_per_block
+
+    @property
+    def block_size(self) -> int:
+        """Size of one block in bytes."""
+        return self.block_parameters.block_size
+
+    @property
+    def is_gguf(self) -> bool:
+        """True for the GGUF block formats, i.e. for every member but GPTQ."""
+        return self in _BLOCK_PARAMETERS
+
+    @classmethod
+    def from_gguf(cls, qtype: "gguf.GGMLQuantizationType | int") -> "QuantizationEncoding":
+        """The encoding of a ``gguf.GGMLQuantizationType`` (ValueError for unsupported types)."""
+        import gguf
+
+        try:
+            qtype = gguf.GGMLQuantizationType(qtype)
+        except ValueError:
+            raise ValueError(
+                f"{qtype!r} is not a gguf.GGMLQuantizationType; supported quantization types: "
+                f"{', '.join(e.value for e in _BLOCK_PARAMETERS)}"
+            ) from None
+        try:
+            return cls(qtype.name)
+        except ValueError:
+            pass
+        raise ValueError(
+            f"GGUF quantization type {qtype.name} is not supported by maxjax; supported "
+            f"quantization types: {', '.join(e.value for e in _BLOCK_PARAMETERS)}"
+        )
+
+    def to_gguf(self) -> "gguf.GGMLQuantizationType":
+        """The matching ``gguf.GGMLQuantizationType`` (ValueError for GPTQ)."""
+        import gguf
+
+        if not self.is_gguf:
+            raise ValueError(f"{self} is not a GGUF quantization type")
+        return gguf.GGMLQuantizationType[self.value]
+
+
+_E = QuantizationEncoding
+_BLOCK_PARAMETERS: dict[QuantizationEncoding, BlockParameters] = {
+    _E.Q4_0: BlockParameters(32, 18),  # d:f16, qs:u8[16]
+    _E.Q4_1: BlockParameters(32, 20),  # d:f16, m:f16, qs:u8[16]
+    _E.Q5_0: BlockParameters(32, 22),  # d:f16, qh:u8[4], qs:u8[16]
+    _E.Q5_1: BlockParameters(32, 24),  # d:f16, m:f16, qh:u8[4], qs:u8[16]
+    _E.Q8_0: BlockParameters(32, 34),  # d:f16, qs:i8[32]
+    _E.Q4_K: BlockParameters(256, 144),  # d:f16, dmin:f16, scales:u8[12], qs:u8[128]
+    _E.Q5_K: BlockParameters(256, 176),  # d:f16, dmin:f16, scales:u8[12], qh:u8[32], qs:u8[128]
+    _E.Q6_K: BlockParameters(256, 210),  # ql:u8[128], qh:u8[64], scales:i8[16], d:f16
+}
+
+
+@dataclass
+class QuantizationConfig:
+    """Configuration of a non-GGUF quantization such as GPTQ (``max.graph.quantization``)."""
+
+    quant_method: str
+    bits: int
+    group_size: int
+    desc_act: bool = False
+    sym: bool = False
+
+
+# ----------------------------------------------------------------------------------------------
+# Building blocks. Every helper works on arrays of blocks shaped [..., n] and uses only
+# elementwise ops, static slices and reshapes, so that XLA fuses a whole dequantizer into one loop.
+
+
+def _u8(v: int) -> jax.Array:
+    return jnp.uint8(v)
+
+
+def _f16(b: jax.Array) -> jax.Array:
+    """float32 [...] from little-endian IEEE half floats stored as uint8 [..., 2].
+
+    The byte pair is assembled into a uint16 explicitly (low byte first), so the result does not
+    depend on the byte order of the machine, then bitcast to float16 and widened exactly.
+    """
+    u = b[..., 0].astype(jnp.uint16) | (b[..., 1].astype(jnp.uint16) << jnp.uint16(8))
+    return lax.bitcast_convert_type(u, jnp.float16).astype(jnp.float32)
+
+
+def _nibbles(qs: jax.Array) -> jax.Array:
+    """[..., n] bytes -> [..., 2, n] nibbles: low nibbles first, then high nibbles (GGUF order)."""
+    shifts = jnp.array([0, 4], dtype=jnp.uint8).reshape(2, 1)
+    return (qs[..., None, :] >> shifts) & _u8(0x0F)
+
+
+def _bits(qh: jax.Array, shifts: list[int], mask: int) -> jax.Array:
+    """[..., n] bytes -> [..., len(shifts), n]: field ``(byte >> s) & mask`` for each shift s."""
+    s = jnp.array(shifts, dtype=jnp.uint8).reshape(len(shifts), 1)
+    return (qh[..., None, :] >> s) & _u8(mask)
+
+
+def _qh32(qh: jax.Array) -> jax.Array:
+    """Q5_0/Q5_1: uint32 (4 bytes, little endian) of high bits -> bit j of element j, [..., 32]."""
+    s = jnp.arange(8, dtype=jnp.uint8)
+    return ((qh[..., :, None] >> s) & _u8(1)).reshape(*qh.shape[:-1], 32)
+
+
+def _k_scale_min(scales: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Q4_K / Q5_K: 12 bytes of packed 6-bit scales and mins -> two uint8 [..., 8].
+
+    Same unpacking as ``gguf.quants.Q4_K.get_scale_min`` (llama.cpp ``get_scale_min_k4``).
+    """
+    d = scales[..., 0:4]
+    m = scales[..., 4:8]
+    m_d = scales[..., 8:12]
+    sc = jnp.concatenate([d & _u8(0x3F), (m_d & _u8(0x0F)) | ((d >> _u8(2)) & _u8(0x30))], axis=-1)
+    mn = jnp.concatenate([m & _u8(0x3F), (m_d >> _u8(4)) | ((m >> _u8(2)) & _u8(0x30))], axis=-1)
+    return sc, mn
+
+
+def _f32(x: jax.Array) -> jax.Array:
+    return x.astype(jnp.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# One dequantizer per encoding: uint8 blocks [..., block_size] -> float32 [..., elements_per_block]
+# (the k-quants return [..., sub_blocks, sub_block_elements]; the caller reshapes).
+# Each one follows gguf/quants.py <Type>.dequantize_blocks, float op for float op.
+
+
+def _deq_q4_0(b: jax.Array) -> jax.Array:
+    """Q4_0 (llama.cpp ``dequantize_row_q4_0``): ``x = d * (q - 8)``, q the 4-bit values."""
+    d = _f16(b[..., 0:2])
+    q = _nibbles(b[..., 2:18]).reshape(*b.shape[:-1], 32)
+    return d[..., None] * _f32(q.astype(jnp.int8) - jnp.int8(8))
+
+
+def _deq_q4_1(b: jax.Array) -> jax.Array:
+    """Q4_1 (llama.cpp ``dequantize_row_q4_1``): ``x = d * q + m``."""
+    d = _f16(b[..., 0:2])
+    m = _f16(b[..., 2:4])
+    q = _nibbles(b[..., 4:20]).reshape(*b.shape[:-1], 32)
+    return d[..., None] * _f32(q) + m[..., None]
+
+
+def _deq_q5_0(b: jax.Array) -> jax.Array:
+    """Q5_0 (llama.cpp ``dequantize_row_q5_0``): ``x = d * (q - 16)``, q = low nibble | bit << 4."""
+    d = _f16(b[..., 0:2])
+    qh = _qh32(b[..., 2:6])
+    ql = _nibbles(b[..., 6:22]).reshape(*b.shape[:-1], 32)
+    q = (ql | (qh << _u8(4))).astype(jnp.int8) - jnp.int8(16)
+    return d[..., None] * _f32(q)
+
+
+def _deq_q5_1(b: jax.Array) -> jax.Array:
+    """Q5_1 (llama.cpp ``dequantize_row_q5_1``): ``x = d * q + m``, q = low nibble | bit << 4."""
+    d = _f16(b[..., 0:2])
+    m = _f16(b[..., 2:4])
+    qh = _qh32(b[..., 4:8])
+    ql = _nibbles(b[..., 8:24]).reshape(*b.shape[:-1], 32)
+    q = ql | (qh << _u8(4))
+    return d[..., None] * _f32(q) + m[..., None]
+
+
+def _deq_q8_0(b: jax.Array) -> jax.Array:
+    """Q8_0 (llama.cpp ``dequantize_row_q8_0``): ``x = q * d``, q signed 8-bit."""
+    d = _f16(b[..., 0:2])
+    q = lax.bitcast_convert_type(b[..., 2:34], jnp.int8)
+    return _f32(q) * d[..., None]
+
+
+def _deq_q4_k(b: jax.Array) -> jax.Array:
+    """Q4_K (llama.cpp ``dequantize_row_q4_K``): 8 sub-blocks of 32, ``x = (d*sc) * q - dmin*m``."""
+    lead = b.shape[:-1]
+    d = _f16(b[..., 0:2])
+    dmin = _f16(b[..., 2:4])
+    sc, mn = _k_scale_min(b[..., 4:16])
+    ds = (d[..., None] * _f32(sc))[..., None]  # [..., 8, 1]
+    dm = (dmin[..., None] * _f32(mn))[..., None]
+    # qs: 4 groups of 32 bytes; group g holds sub-block 2g (low nibbles) and 2g+1 (high nibbles).
+    q = _nibbles(b[..., 16:144].reshape(*lead, 4, 32)).reshape(*lead, 8, 32)
+    return ds * _f32(q) - dm
+
+
+def _deq_q5_k(b: jax.Array) -> jax.Array:
+    """Q5_K (llama.cpp ``dequantize_row_q5_K``): as Q4_K with a 5th bit from ``qh``."""
+    lead = b.shape[:-1]
+    d = _f16(b[..., 0:2])
+    dmin = _f16(b[..., 2:4])
+    sc, mn = _k_scale_min(b[..., 4:16])
+    ds = (d[..., None] * _f32(sc))[..., None]
+    dm = (dmin[..., None] * _f32(mn))[..., None]
+    ql = _nibbles(b[..., 48:176].reshape(*lead, 4, 32)).reshape(*lead, 8, 32)
+    # qh: 32 bytes; bit k of byte i is the high bit of element i of sub-block k.
+    qh = _bits(b[..., 16:48], list(range(8)), 0x01)  # [..., 8, 32]
+    q = ql | (qh << _u8(4))
+    return ds * _f32(q) - dm
+
+
+def _deq_q6_k(b: jax.Array) -> jax.Array:
+    """Q6_K (llama.cpp ``dequantize_row_q6_K``): 16 sub-blocks of 16, ``x = (d*sc) * (q - 32)``."""
+    lead = b.shape[:-1]
+    ql = _nibbles(b[..., 0:128].reshape(*lead, 2, 64)).reshape(*lead, 8, 32)
+    qh = _bits(b[..., 128:192].reshape(*lead, 2, 32), [0, 2, 4, 6], 0x03).reshape(*lead, 8, 32)
+    scales = _f32(lax.bitcast_convert_type(b[..., 192:208], jnp.int8))  # [..., 16]
+    d = _f16(b[..., 208:210])
+    ds = (d[..., None] * scales)[..., None]  # [..., 16, 1]
+    q = (ql | (qh << _u8(4))).astype(jnp.int8) - jnp.int8(32)
+    return ds * _f32(q.reshape(*lead, 16, 16))
+
+
+_DEQUANTIZERS: dict[QuantizationEncoding, Callable[[jax.Array], jax.Array]] = {
+    _E.Q4_0: _deq_q4_0,
+    _E.Q4_1: _deq_q4_1,
+    _E.Q5_0: _deq_q5_0,
+    _E.Q5_1: _deq_q5_1,
+    _E.Q8_0: _deq_q8_0,
+    _E.Q4_K: _deq_q4_k,
+    _E.Q5_K: _deq_q5_k,
+    _E.Q6_K: _deq_q6_k,
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Public entry points.
+
+
+def _as_encoding(encoding: Any) -> QuantizationEncoding:
+    if isinstance(encoding, QuantizationEncoding):
+        return encoding
+    if isinstance(encoding, str):
+        try:
+            return QuantizationEncoding(encoding.upper())
+        except ValueError:
+            pass
+    else:
+        try:
+            import gguf
+
+            if isinstance(encoding, gguf.GGMLQuantizationType):
+                return QuantizationEncoding.from_gguf(encoding)
+        except ImportError:  # pragma: no cover
+            pass
+    raise ValueError(
+        f"unknown quantization encoding {encoding!r}; expected a QuantizationEncoding "
+        f"({', '.join(e.value for e in QuantizationEncoding)})"
+    )
+
+
+def _check_packed(encoding: Any, packed: Any, what: str) -> tuple[QuantizationEncoding, int]:
+    """Validate ``packed`` for ``encoding``; return the encoding and the number of blocks per row."""
+    enc = _as_encoding(encoding)
+    if enc not in _DEQUANTIZERS:
+        raise ValueError(
+            f"{what}: {enc} is not a GGUF block encoding; supported encodings: "
+            f"{', '.join(e.value for e in _DEQUANTIZERS)}"
+        )
+    dtype = getattr(packed, "dtype", None)
+    shape = getattr(packed, "shape", None)
+    if dtype is None or shape is None:
+        raise ValueError(f"{what}: expected a uint8 array, got {type(packed).__name__}")
+    if np.dtype(dtype) != np.uint8:
+        raise ValueError(
+            f"{what}: {enc.value} data must have dtype uint8 (packed blocks), got {np.dtype(dtype)}"
+        )
+    if len(shape) != 2:
+        raise ValueError(
+            f"{what}: {enc.value} data must have rank 2 [rows, bytes_per_row], "
+            f"got rank {len(shape)} with shape {tuple(shape)}"
+        )
+    row = shape[-1]
+    bpe, bsize = enc.block_parameters
+    if not isinstance(row, (int, np.integer)):
+        raise ValueError(f"{what}: the row length (bytes per row) must be static, got {row}")
+    if row % bsize != 0 or row == 0:
+        raise ValueError(
+            f"{what}: the row length of {enc.value} data must be a positive multiple of the "
+            f"{enc.value} block size ({bsize} bytes for {bpe} elements), got {row} bytes per row"
+        )
+    return enc, int(row) // bsize
+
+
+def dequantize(encoding: QuantizationEncoding, packed: jax.Array) -> jax.Array:
+    """Dequantize GGUF blocks: uint8 ``[rows, bytes_per_row]`` -> float32 ``[rows, cols]``.
+
+    ``cols = bytes_per_row // encoding.block_size * encoding.elements_per_block``. Each row must
+    be a whole number of blocks (GGUF's layout, as ``gguf.GGUFReader`` returns the data of a
+    quantized tensor). The result equals ``gguf.quants.dequantize(packed, encoding.to_gguf())``
+    bit for bit (the numpy reference of llama.cpp's ``dequantize_row_*``).
+
+    Pure ``jnp``: works under ``jax.jit``, ``vmap`` and ``eval_shape``; the number of rows may be
+    symbolic, the row length must be static.
+    """
+    enc, nb = _check_packed(encoding, packed, "dequantize")
+    packed = jnp.asarray(packed)
+    rows = packed.shape[0]
+    bpe, bsize = enc.block_parameters
+    blocks = packed.reshape(rows, nb, bsize)
+    return _DEQUANTIZERS[enc](blocks).reshape(rows, nb * bpe)
+
+
+# --- quantized matmul ---------------------------------------------------------------------------
+
+
+def quantized_matmul(x: jax.Array, packed: jax.Array, encoding: QuantizationEncoding) -> jax.Array:
+    """``x @ dequantize(encoding, packed).T`` in float32, without materialising the weights.
+
+    ``x`` is float32 ``[..., in_features]``; ``packed`` is uint8 ``[out_features, in_bytes]``
+    (one GGUF row per output feature, as a Linear layer's weight is stored in GGUF). Returns
+    float32 ``[..., out_features]``.
+    """
+    enc, nb = _check_packed(encoding, packed, "quantized_matmul")
+    bpe, bsize = enc.block_parameters
+    x = jnp.asarray(x)
+    if x.dtype != jnp.float32:
+        raise ValueError(f"quantized_matmul: x must be float32, got {x.dtype}")
+    if x.ndim < 1 or x.shape[-1] != nb * bpe:
+        raise ValueError(
+            f"quantized_matmul: x has {x.shape[-1] if x.ndim else None} features (shape "
+            f"{tuple(x.shape)}) but the {enc.value} weight has {nb * bpe} columns"
+        )
+    w = dequantize(enc, packed)
+    return jnp.matmul(x, w.T, precision=lax.Precision.HIGHEST)
