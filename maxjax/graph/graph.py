@@ -1,0 +1,431 @@
+"""``Graph``: MAX's graph, recorded as a small DAG of op nodes and evaluated by one JAX function.
+
+Each node holds one jnp function and its arguments. Shapes and dtypes of every node come from
+``jax.eval_shape`` on symbolic shapes when the node is recorded. Running a graph is evaluating the
+nodes in order inside ``jax.jit`` (see :mod:`maxjax.engine`); nothing is hand-lowered.
+"""
+
+from __future__ import annotations
+
+import difflib
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import numpy as np
+
+from maxjax.dtype import DType
+from maxjax.graph.type import DeviceRef, Dim, Shape, StaticDim, SymbolicDim, TensorType
+from maxjax.graph.value import TensorValue
+
+__all__ = ["Graph", "Node"]
+
+
+class Node:
+    """One recorded operation. ``kind`` is ``input``, ``weight``, ``const``, ``op`` or ``call``."""
+
+    __slots__ = ("id", "kind", "op", "fn", "args", "static", "out_avals", "treedef", "device", "extra")
+
+    def __init__(
+        self,
+        kind: str,
+        op: str,
+        out_avals: Sequence[Any],
+        *,
+        fn: Callable[..., Any] | None = None,
+        args: tuple[Any, ...] = (),
+        static: dict[str, Any] | None = None,
+        treedef: Any = None,
+        device: DeviceRef | None = None,
+        extra: Any = None,
+    ):
+        self.id = -1
+        self.kind = kind
+        self.op = op
+        self.fn = fn
+        self.args = args
+        self.static = static or {}
+        self.out_avals = list(out_avals)
+        self.treedef = treedef
+        self.device = device or DeviceRef.CPU()
+        self.extra = extra
+
+    def label(self, index: int = 0) -> str:
+        if self.kind == "input":
+            return f"input{self.extra}"
+        if self.kind == "weight":
+            return self.extra.key
+        suffix = f"#{index}" if len(self.out_avals) > 1 else ""
+        return f"%{self.id}{suffix}"
+
+
+@dataclass
+class _GraphWeight:
+    """A weight a graph needs from the registry, under ``key``.
+
+    ``placeholder`` marks a subgraph weight whose registry name is the call's prefix + ``key``.
+    ``node`` is None for a weight needed only by a subgraph called from this graph.
+    """
+
+    key: str
+    weight: Any
+    placeholder: bool = False
+    node: Node | None = None
+
+    @property
+    def dtype(self) -> DType:
+        return self.weight.dtype
+
+    @property
+    def shape(self) -> Shape:
+        return self.weight.shape
+
+
+class _GraphStack(threading.local):
+    def __init__(self) -> None:
+        self.stack: list[Graph] = []
+
+
+_STACK = _GraphStack()
+
+
+class _CurrentGraph:
+    """``Graph.current``: a class-level property raising LookupError when no graph is active."""
+
+    def __get__(self, obj: Any, owner: Any) -> "Graph":
+        if not _STACK.stack:
+            raise LookupError("No graph found: use `with Graph(...) as g:` or Graph(name, forward=...)")
+        return _STACK.stack[-1]
+
+
+def current_graph() -> "Graph | None":
+    """The innermost active graph, or None."""
+    return _STACK.stack[-1] if _STACK.stack else None
+
+
+def _to_type(t: Any) -> TensorType:
+    if isinstance(t, TensorType):
+        return t
+    if isinstance(t, TensorValue):
+        return t.type
+    if hasattr(t, "shape") and hasattr(t, "dtype"):  # jax.ShapeDtypeStruct, arrays
+        return TensorType(DType.of(t.dtype), [int(d) if not isinstance(d, str) else d for d in t.shape])
+    raise TypeError(f"Graph input types must be TensorType (or values with a .type), got {t!r}")
+
+
+class Graph:
+    """A computation graph (MAX's ``max.graph.Graph``).
+
+    Two ways to build one, as in MAX::
+
+        with Graph("mlp", input_types=[TensorType(DType.float32, ["batch", 5], DeviceRef.CPU())]) as g:
+            g.output(model(g.inputs[0]))
+
+        g = Graph("mlp", forward=model, input_types=[...])
+
+    Args:
+        name: the graph's name.
+        forward: if given, called at once with the graph's inputs; its return value is the output.
+        input_types: one :class:`TensorType` per input (symbolic dims allowed).
+
+    ``Graph.current`` is the innermost graph being built (``LookupError`` when there is none).
+    """
+
+    current = _CurrentGraph()
+
+    def __init__(
+        self,
+        name: str,
+        forward: Callable[..., Any] | None = None,
+        input_types: Iterable[Any] = (),
+        path: Any = None,
+        *args: Any,
+        custom_extensions: Iterable[Any] = (),
+        kernel_library: Any = None,
+        module: Any = None,
+        **kwargs: Any,
+    ):
+        if path is not None:
+            raise NotImplementedError("Graph(path=...) loads MLIR in MAX; maxjax graphs are built in Python")
+        self.name = name
+        self._input_types = [_to_type(t) for t in input_types]
+        self._nodes: list[Node] = []
+        self._weights: dict[str, _GraphWeight] = {}
+        self._weight_objects: dict[int, TensorValue] = {}
+        self._outputs: list[TensorValue] | None = None
+        self._parent: Graph | None = kwargs.pop("_parent", None)
+        self._weight_prefix: str | None = kwargs.pop("_weight_prefix", None)
+        self._subgraphs: dict[str, Graph] = {}
+        self._weights_view: Any = None
+        self._jitted: Any = None
+        self._trace_count = 0
+        self.inputs = tuple(
+            TensorValue._from_node(
+                self,
+                self._add_node(
+                    Node("input", "input", [t.to_shape_dtype_struct()], device=t.device, extra=i)
+                ),
+            )
+            for i, t in enumerate(self._input_types)
+        )
+        if forward is not None:
+            with self:
+                result = forward(*self.inputs)
+            if result is None:
+                self.output()
+            elif isinstance(result, (list, tuple)):
+                self.output(*result)
+            else:
+                self.output(result)
+
+    # -- context -----------------------------------------------------------------------------
+    def __enter__(self) -> "Graph":
+        _STACK.stack.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        popped = _STACK.stack.pop()
+        assert popped is self, "graph contexts exited out of order"
+
+    # -- building ----------------------------------------------------------------------------
+    def _add_node(self, node: Node) -> Node:
+        if self._outputs is not None and node.kind != "input":
+            raise ValueError(f"Graph {self.name!r} already has its output; no more ops can be added")
+        node.id = len(self._nodes)
+        self._nodes.append(node)
+        return node
+
+    @property
+    def input_types(self) -> list[TensorType]:
+        return list(self._input_types)
+
+    def _weight_key(self, name: str) -> tuple[str, bool]:
+        prefix = self._weight_prefix
+        if prefix is not None and name.startswith(prefix):
+            return name[len(prefix) :], True
+        return name, False
+
+    def add_weight(self, weight: Any, force_initial_weight_on_host: bool = True) -> TensorValue:
+        """Adds ``weight`` as a graph input fed from the weights registry; returns its value.
+
+        Adding the same Weight object again returns the same value. In a subgraph made by
+        ``Module.build_subgraph``, a weight under the subgraph's ``weight_prefix`` becomes a
+        placeholder keyed by its name without the prefix (the Weight itself is not renamed).
+
+        Raises:
+            ValueError: a different Weight with the same name is already in this graph.
+        """
+        from maxjax.graph.weight import Weight
+
+        if not isinstance(weight, Weight):
+            raise TypeError(f"add_weight expects a Weight, got {type(weight).__name__}")
+        existing = self._weight_objects.get(id(weight))
+        if existing is not None:
+            return existing
+        key, placeholder = self._weight_key(weight.name)
+        entry = self._weights.get(key)
+        if entry is not None and entry.node is not None:
+            raise ValueError(
+                f"Weight {weight.name!r} already exists in Graph {self.name!r}: two different Weight objects "
+                f"have that name. Possible fixes:\n"
+                f"  1. Call model.state_dict() or model.load_state_dict(...) before building the graph, so "
+                f"every weight gets its full dotted name (e.g. 'layers.0.{weight.name}').\n"
+                f"  2. Give the weights distinct names when you create them."
+            )
+        aval = weight._aval
+        entry = _GraphWeight(key, weight, placeholder)
+        node = self._add_node(Node("weight", "weight", [aval], device=weight.device, extra=entry))
+        entry.node = node
+        self._weights[key] = entry
+        value = TensorValue._from_node(self, node)
+        self._weight_objects[id(weight)] = value
+        return value
+
+    def _require_weight(self, name: str, weight: Any) -> None:
+        """Records that a subgraph called from this graph needs registry entry ``name``."""
+        key, placeholder = self._weight_key(name)
+        if key not in self._weights:
+            self._weights[key] = _GraphWeight(key, weight, placeholder)
+
+    def add_subgraph(
+        self,
+        name: str,
+        forward: Callable[..., Any] | None = None,
+        input_types: Iterable[Any] = (),
+        path: Any = None,
+        custom_extensions: Iterable[Any] = (),
+        devices: Iterable[DeviceRef] = (),
+        **kwargs: Any,
+    ) -> "Graph":
+        """A child graph, callable from this one with ``ops.call`` (use it as a context manager).
+
+        Raises:
+            ValueError: a subgraph with this name already exists in this graph.
+        """
+        if name in self._subgraphs:
+            raise ValueError(f"Subgraph {name!r} already exists in Graph {self.name!r}")
+        sub = Graph(name, forward=forward, input_types=input_types, path=path, _parent=self, **kwargs)
+        self._subgraphs[name] = sub
+        return sub
+
+    def output(self, *outputs: Any) -> None:
+        """Sets the graph's outputs (values of this graph, or constants)."""
+        from maxjax.graph import ops
+
+        if self._outputs is not None:
+            raise ValueError(f"Graph {self.name!r} already has its output")
+        vals = []
+        with self:
+            for i, o in enumerate(outputs):
+                if isinstance(o, TensorValue) and o._graph is self:
+                    vals.append(o)
+                elif isinstance(o, TensorValue) and o._graph is not None:
+                    raise ValueError(
+                        f"output {i} of graph {self.name!r} belongs to graph {o._graph.name!r}"
+                    )
+                else:
+                    vals.append(ops.constant(o) if not isinstance(o, TensorValue) else ops.identity(o))
+        self._outputs = vals
+
+    @property
+    def output_types(self) -> list[TensorType]:
+        if self._outputs is None:
+            return []
+        return [o.type for o in self._outputs]
+
+    def weights(self) -> Any:
+        """A :class:`~maxjax.graph.weights.Weights` view for allocating this graph's weights by
+        hierarchical name (seed ``max-graph-weights-Weights.txt``; MAX 26.7 lacks it)."""
+        from maxjax.graph.weights.graph_weights import GraphWeights
+
+        if self._weights_view is None:
+            self._weights_view = GraphWeights(self)
+        return self._weights_view
+
+    @property
+    def weight_names(self) -> list[str]:
+        """The registry names this graph needs (placeholders of a subgraph are relative)."""
+        return list(self._weights)
+
+    def copy(self) -> "Graph":
+        raise NotImplementedError("Graph.copy is not supported by maxjax")
+
+    # -- running -----------------------------------------------------------------------------
+    def bind_dims(self, shapes: Sequence[Sequence[int]], dtypes: Sequence[Any] | None = None) -> dict[str, int]:
+        """Sizes of the symbolic dims, from concrete input shapes.
+
+        Raises:
+            ValueError: wrong number of inputs, wrong rank or dtype, a static dim that does not
+                match, or a symbolic dim bound to two different sizes.
+        """
+        types = self._input_types
+        if len(shapes) != len(types):
+            raise ValueError(f"Graph {self.name!r} expects {len(types)} inputs, got {len(shapes)}")
+        env: dict[str, int] = {}
+        where: dict[str, str] = {}
+        for i, (t, shape) in enumerate(zip(types, shapes)):
+            if dtypes is not None and DType.of(dtypes[i]).to_jax() != t.dtype.to_jax():
+                raise ValueError(
+                    f"Input at position {i} of graph {self.name!r}: expected dtype {t.dtype!r}, got "
+                    f"{DType.of(dtypes[i])!r}"
+                )
+            if len(shape) != t.rank:
+                raise ValueError(
+                    f"Input at position {i} of graph {self.name!r}: expected rank {t.rank} "
+                    f"(shape {t.shape}), got shape {tuple(shape)} of rank {len(shape)}"
+                )
+            for axis, (d, n) in enumerate(zip(t.shape, shape)):
+                if isinstance(d, StaticDim):
+                    if _differ(d.dim, n):
+                        raise ValueError(
+                            f"Input at position {i} of graph {self.name!r}: dim {axis} must be {d.dim}, "
+                            f"got shape {tuple(shape)} (expected {t.shape})"
+                        )
+                elif isinstance(d, SymbolicDim):
+                    seen = env.setdefault(d.name, n)
+                    if _differ(seen, n):
+                        raise ValueError(
+                            f"Symbolic dim {d.name!r} is bound to two sizes: {seen} ({where[d.name]}) and "
+                            f"{n} (input {i}, dim {axis}) in graph {self.name!r}"
+                        )
+                    where.setdefault(d.name, f"input {i}, dim {axis}")
+        for i, (t, shape) in enumerate(zip(types, shapes)):  # algebraic dims, once symbols are known
+            for axis, (d, n) in enumerate(zip(t.shape, shape)):
+                if not isinstance(d, (StaticDim, SymbolicDim)) and _differ(d.evaluate(env), n):
+                    raise ValueError(
+                        f"Input at position {i} of graph {self.name!r}: dim {axis} must be {d} = "
+                        f"{d.evaluate(env)}, got {n}"
+                    )
+        return env
+
+    def _evaluate(self, weights: dict[str, Any], args: Sequence[Any]) -> list[Any]:
+        """Evaluates the graph on arrays (or tracers). ``weights`` maps this graph's weight keys."""
+        from maxjax.graph.ops._core import concretize
+
+        if self._outputs is None:
+            raise ValueError(f"Graph {self.name!r} has no output yet: call graph.output(...)")
+        env = self.bind_dims([a.shape for a in args])
+        vals: list[list[Any]] = []
+        for node in self._nodes:
+            kind = node.kind
+            if kind == "op":
+                a = [vals[x._node.id][x._index] if isinstance(x, TensorValue) else x for x in node.args]
+                out = node.fn(*a, **concretize(node.static, env)) if node.static else node.fn(*a)
+                out = jax.tree.leaves(out) if node.treedef is not None else [out]
+            elif kind == "input":
+                out = [args[node.extra]]
+            elif kind == "weight":
+                out = [weights[node.extra.key]]
+            elif kind == "const":
+                out = [node.extra]
+            elif kind == "call":
+                a = [vals[x._node.id][x._index] for x in node.args]
+                out = node.extra.run(weights, a)
+            else:  # pragma: no cover
+                raise AssertionError(kind)
+            vals.append(out)
+        return [vals[o._node.id][o._index] for o in self._outputs]
+
+    # -- printing ----------------------------------------------------------------------------
+    def __str__(self) -> str:
+        def ty(aval: Any) -> str:
+            return f"{DType.from_numpy(aval.dtype).name}[{', '.join(str(d) for d in aval.shape)}]"
+
+        def arg(a: Any) -> str:
+            return a._node.label(a._index) if isinstance(a, TensorValue) else repr(a)
+
+        ins = ", ".join(f"input{i}: {ty(n.out_avals[0])}" for i, n in enumerate(self._nodes) if n.kind == "input")
+        lines = [f"graph {self.name}({ins}) {{"]
+        for n in self._nodes:
+            if n.kind == "weight":
+                tag = " (placeholder)" if n.extra.placeholder else ""
+                lines.append(f"  {n.extra.key}: {ty(n.out_avals[0])} = weight{tag}")
+            elif n.kind in ("op", "call", "const"):
+                outs = ", ".join(ty(a) for a in n.out_avals)
+                args = ", ".join(arg(a) for a in n.args)
+                static = ", ".join(f"{k}={v}" for k, v in n.static.items() if v is not None)
+                sep = ", " if args and static else ""
+                lines.append(f"  {n.label()} = {n.op}({args}{sep}{static}) : {outs}")
+        if self._outputs is not None:
+            lines.append(f"  output({', '.join(arg(o) for o in self._outputs)})")
+        lines.append("}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        ins = ", ".join(str(t.shape) for t in self._input_types)
+        return f"Graph({self.name!r}, inputs=[{ins}], {len(self._nodes)} nodes, {len(self._weights)} weights)"
+
+
+def _differ(a: Any, b: Any) -> bool:
+    """``a != b`` for sizes that may be JAX symbolic expressions (undecidable counts as different)."""
+    try:
+        return bool(a != b)
+    except Exception:
+        return str(a) != str(b)
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """`` Did you mean 'x'?`` for the closest candidate (difflib), or an empty string."""
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f" Did you mean {close[0]!r}?" if close else ""

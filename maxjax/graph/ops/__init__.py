@@ -1,0 +1,34 @@
+"""``maxjax.graph.ops``: MAX's graph ops, each one jnp function (see :mod:`maxjax.graph.ops._core`).
+
+Every op works on symbolic graph values (recording a node), on TensorValues holding arrays, and on
+plain JAX arrays or tracers (returning plain arrays).
+"""
+
+from maxjax.graph.ops._core import apply
+from maxjax.graph.ops.call import call
+from maxjax.graph.ops.elementwise import (
+    abs, acos, add, atanh, ceil, cos, div, equal, erf, exp, floor, floor_div, gelu, greater, greater_equal,
+    is_inf, is_nan, log, log1p, logical_and, logical_not, logical_or, logical_xor, mod, mul, negate,
+    not_equal, pow, relu, round, rsqrt, sigmoid, silu, sin, sqrt, sub, tanh, trunc, where,
+)
+from maxjax.graph.ops.nn import dequantize, layer_norm, logsoftmax, matmul, qmatmul, rms_norm, softmax
+from maxjax.graph.ops.reduction import (
+    argmax, argmin, argsort, bottom_k, cumsum, max, mean, min, prod, sum, top_k,
+)
+from maxjax.graph.ops.shape import (
+    band_part, broadcast_to, cast, chunk, concat, constant, flatten, gather, gather_nd, identity, outer, pad,
+    permute, print, range, rebind, repeat_interleave, reshape, shape_to_tensor, slice_tensor, split, squeeze,
+    stack, tile, transfer_to, transpose, unsqueeze,
+)
+
+__all__ = [
+    "abs", "acos", "add", "apply", "argmax", "argmin", "argsort", "atanh", "band_part", "bottom_k",
+    "broadcast_to", "call", "cast", "ceil", "chunk", "concat", "constant", "cos", "cumsum", "dequantize",
+    "div", "equal", "erf", "exp", "flatten", "floor", "floor_div", "gather", "gather_nd", "gelu", "greater",
+    "greater_equal", "identity", "is_inf", "is_nan", "layer_norm", "log", "log1p", "logical_and",
+    "logical_not", "logical_or", "logical_xor", "logsoftmax", "matmul", "max", "mean", "min", "mod", "mul",
+    "negate", "not_equal", "outer", "pad", "permute", "pow", "print", "prod", "qmatmul", "range", "rebind",
+    "relu", "repeat_interleave", "reshape", "rms_norm", "round", "rsqrt", "shape_to_tensor", "sigmoid",
+    "silu", "sin", "slice_tensor", "softmax", "split", "sqrt", "squeeze", "stack", "sub", "sum", "tanh",
+    "tile", "top_k", "transfer_to", "transpose", "trunc", "unsqueeze", "where",
+]  # fmt: skip

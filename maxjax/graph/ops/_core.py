@@ -1,0 +1,191 @@
+"""The one dispatch every op goes through.
+
+An op is one jnp function ``fn(*tensors, **static)``. :func:`apply` looks at what it is given:
+
+- a symbolic :class:`TensorValue` among the tensors (or a Weight inside an active graph): graph mode.
+  The op is recorded as a node of that graph; its output shape and dtype come from
+  ``jax.eval_shape`` on the inputs' abstract values (symbolic dims included).
+- otherwise: the jnp function runs at once on the arrays (or tracers). The result is wrapped in
+  TensorValues when any input was one, and returned as plain JAX arrays when all inputs were plain
+  arrays, so ``ops.silu(jnp_array)`` is an ordinary jnp call.
+
+``static`` holds non-tensor arguments (axes, shapes, dtypes). Dims in it become JAX symbolic
+expressions for shape inference and concrete ints when the graph runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from maxjax.graph.graph import Graph, Node, current_graph
+from maxjax.graph.type import Dim, Shape
+from maxjax.graph.value import TensorValue
+
+__all__ = ["apply", "concretize", "static_exprs", "static_ints"]
+
+
+def _map_static(obj: Any, f: Callable[[Dim], Any]) -> Any:
+    if isinstance(obj, Dim):
+        return f(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_static(o, f) for o in obj) if not isinstance(obj, Shape) else tuple(f(d) for d in obj)
+    if isinstance(obj, slice):
+        return slice(_map_static(obj.start, f), _map_static(obj.stop, f), _map_static(obj.step, f))
+    if isinstance(obj, dict):
+        return {k: _map_static(v, f) for k, v in obj.items()}
+    return obj
+
+
+def static_exprs(obj: Any) -> Any:
+    """Dims in ``obj`` as JAX ints / symbolic expressions (for shape inference)."""
+    return _map_static(obj, lambda d: d.to_expr())
+
+
+def _to_int(d: Dim) -> int:
+    e = d.to_expr()
+    if not isinstance(e, int):
+        raise ValueError(f"symbolic dimension {d} has no size outside a graph")
+    return e
+
+
+def static_ints(obj: Any) -> Any:
+    """Dims in ``obj`` as concrete ints (outside a graph only static dims are allowed)."""
+    return _map_static(obj, _to_int)
+
+
+def concretize(obj: Any, env: dict[str, int]) -> Any:
+    """Dims in ``obj`` evaluated with the symbol sizes ``env`` (when a graph runs)."""
+    return _map_static(obj, lambda d: d.evaluate(env))
+
+
+def _is_array(x: Any) -> bool:
+    from maxjax.driver import Buffer
+
+    return isinstance(x, (jax.Array, np.ndarray, Buffer))
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, TensorValue) or hasattr(x, "shape"):
+        try:
+            from maxjax.dtype import DType
+
+            return f"{DType.of(x.dtype).name}[{', '.join(str(d) for d in x.shape)}]"
+        except Exception:
+            pass
+    return repr(x)
+
+
+def const_value(graph: Graph, value: Any) -> TensorValue:
+    """A constant node of ``graph`` holding an array."""
+    from maxjax.driver import Buffer
+
+    if isinstance(value, Buffer):
+        value = value.to_jax()
+    aval = jax.ShapeDtypeStruct(np.shape(value), jax.dtypes.canonicalize_dtype(value.dtype))
+    node = graph._add_node(Node("const", "constant", [aval], extra=value))
+    return TensorValue._from_node(graph, node)
+
+
+def apply(fn: Callable[..., Any], *tensors: Any, _name: str | None = None, **static: Any) -> Any:
+    """Runs or records the op ``fn`` on ``tensors`` (see the module docstring).
+
+    Raises:
+        ValueError: values of two different graphs are mixed, a graph value is used inside another
+            graph, or shape/dtype inference fails (the message names the op and its input types).
+    """
+    from maxjax.graph.weight import Weight
+
+    name = _name or getattr(fn, "__name__", "op")
+    graph: Graph | None = None
+    has_tv = False
+    for t in tensors:
+        if isinstance(t, TensorValue):
+            has_tv = True
+            g = t._graph
+            if g is not None and graph is not g:
+                if graph is not None:
+                    raise ValueError(f"{name}: inputs belong to two graphs ({graph.name!r} and {g.name!r})")
+                graph = g
+    if graph is not None:
+        cur = current_graph()
+        if cur is not None and cur is not graph:
+            raise ValueError(
+                f"{name}: a value of graph {graph.name!r} is used while building graph {cur.name!r} "
+                "(a value defined outside the region); pass it to the subgraph as an input instead"
+            )
+    if graph is None and not has_tv:
+        graph = current_graph()  # constants and creation ops inside `with Graph(...)`
+    if has_tv:
+        vals = []
+        for t in tensors:
+            if isinstance(t, Weight):
+                t = t._resolve(graph)
+                if graph is None and isinstance(t, TensorValue) and t._graph is not None:
+                    graph = t._graph
+            vals.append(t)
+    else:
+        vals = list(tensors)
+
+    if graph is None:
+        arrays = [
+            (t._array if t._array is not None else t.to_jax()) if isinstance(t, TensorValue) else _unbuffer(t)
+            for t in vals
+        ]
+        out = fn(*arrays, **static_ints(static)) if static else fn(*arrays)
+        if has_tv:
+            return jax.tree.map(TensorValue._from_array, out)
+        return out
+
+    # graph mode: record a node
+    node_args: list[Any] = []
+    avals: list[Any] = []
+    for t in vals:
+        if isinstance(t, TensorValue):
+            if t._graph is None:  # a concrete value used in a graph: a constant
+                t = const_value(graph, t.to_jax())
+            node_args.append(t)
+            avals.append(t._aval)
+        elif _is_array(t):
+            c = const_value(graph, t)
+            node_args.append(c)
+            avals.append(c._aval)
+        else:
+            node_args.append(t)
+    exprs = static_exprs(static) if static else {}
+
+    def shape_fn(*avs: Any) -> Any:
+        it = iter(avs)
+        full = [next(it) if isinstance(a, TensorValue) else a for a in node_args]
+        return fn(*full, **exprs)
+
+    try:
+        out = jax.eval_shape(shape_fn, *avals)
+    except (TypeError, ValueError, IndexError) as e:
+        ins = ", ".join(_describe(a) for a in node_args)
+        raise ValueError(f"{name}({ins}) failed: {e}") from None
+    leaves, treedef = jax.tree.flatten(out)
+    is_leaf = treedef.num_leaves == 1 and treedef.num_nodes == 1
+    device = next((a.device for a in node_args if isinstance(a, TensorValue)), None)
+    node = graph._add_node(
+        Node(
+            "op",
+            name,
+            leaves,
+            fn=fn,
+            args=tuple(node_args),
+            static=static,
+            treedef=None if is_leaf else treedef,
+            device=device,
+        )
+    )
+    outs = [TensorValue._from_node(graph, node, i) for i in range(len(leaves))]
+    return outs[0] if is_leaf else jax.tree.unflatten(treedef, outs)
+
+
+def _unbuffer(x: Any) -> Any:
+    from maxjax.driver import Buffer
+
+    return x.to_jax() if isinstance(x, Buffer) else x

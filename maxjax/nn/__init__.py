@@ -1,0 +1,15 @@
+"""``maxjax.nn``: MAX's module system (``Module``, ``LayerList``, hooks) and basic layers."""
+
+from maxjax.nn.embedding import Embedding
+from maxjax.nn.functional import abstract_state, functional_call, state
+from maxjax.nn.layer import (
+    HookHandle, Layer, LayerList, LayerV2, LoadStateDictResult, Module, Sequential, add_layer_hook,
+    clear_hooks, recursive_named_layers,
+)
+from maxjax.nn.linear import MLP, Linear
+from maxjax.nn.norm import LayerNorm, RMSNorm
+
+__all__ = [
+    "Embedding", "HookHandle", "Layer", "LayerList", "LayerNorm", "LayerV2", "Linear", "LoadStateDictResult",
+    "MLP", "Module", "RMSNorm", "Sequential", "abstract_state", "functional_call", "state",
+]  # fmt: skip

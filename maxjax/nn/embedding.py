@@ -1,0 +1,48 @@
+"""``Embedding`` (MAX's ``nn.Embedding``): rows of ``weight [vocab_size, hidden_dim]`` by token id."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from maxjax.dtype import DType
+from maxjax.graph import ops
+from maxjax.graph.type import DeviceRef
+from maxjax.graph.weight import Weight
+from maxjax.nn.layer import Module
+from maxjax.nn.linear import packed_shape
+
+__all__ = ["Embedding"]
+
+
+class Embedding(Module):
+    """Looks up rows of ``weight`` (``[vocab_size, hidden_dim]``) for integer ``indices`` of any shape.
+
+    With a GGUF ``quantization_encoding`` only the gathered rows are dequantized (float32).
+    Weight key: ``weight`` (``{name}.weight`` when ``name`` is given).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_dim: int,
+        dtype: DType,
+        device: DeviceRef | None = None,
+        quantization_encoding: Any = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.vocab_size, self.hidden_dim = vocab_size, hidden_dim
+        self.device = device or DeviceRef.CPU()
+        wname = f"{name}.weight" if name else "weight"
+        if quantization_encoding is not None:
+            shape = packed_shape(vocab_size, hidden_dim, quantization_encoding)
+            self.weight = Weight(wname, DType.uint8, shape, self.device, quantization_encoding=quantization_encoding)
+        else:
+            self.weight = Weight(wname, dtype, (vocab_size, hidden_dim), self.device)
+
+    def __call__(self, indices: Any) -> Any:
+        enc = self.weight.quantization_encoding
+        if enc is None:
+            return ops.gather(self.weight, indices, axis=0)
+        rows = ops.gather(self.weight, ops.reshape(indices, [-1]), axis=0)
+        return ops.reshape(ops.dequantize(enc, rows), [*indices.shape, self.hidden_dim])

@@ -1,0 +1,593 @@
+"""``maxjax.nn.layer``: ``Layer``, ``Module``, ``LayerList``, ``Sequential`` and the layer hooks.
+
+Mirrors MAX 26.7's ``max.nn.layer`` (seeds ``max-nn-Module.txt`` and
+``max-pipelines-nn-layer.txt``):
+
+- ``Module.__setattr__`` registers sub-modules by attribute name and Weights by the Weight's own
+  name; a weight's fully-qualified name (FQN) is the module path plus that name (``"up.weight"``).
+- ``state_dict()`` / ``load_state_dict()`` / ``raw_state_dict()`` give weights their FQNs.
+- Hooks (``add_layer_hook``) run after every layer's ``__call__`` with
+  ``(layer, args, kwargs, outputs)``; a non-None return replaces the outputs.
+
+Better than MAX 26.7: ``load_state_dict`` checks everything before changing anything and returns
+the missing/unexpected keys with ``strict=False``; ``LayerList.append/insert/extend`` register
+their layers; ``build_subgraph`` never renames Weights; hooks return removable handles.
+
+Calling a module on JAX or NumPy arrays (eager mode) wraps them as TensorValues for the layer
+code and returns JAX arrays; calling it on graph values records into the graph.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from collections import deque
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
+
+import jax
+import numpy as np
+
+from maxjax.dtype import DType
+from maxjax.graph.graph import Graph, _to_type, current_graph
+from maxjax.graph.ops.call import current_weight_scope, weight_scope
+from maxjax.graph.type import Shape, TensorType
+from maxjax.graph.value import TensorValue
+from maxjax.graph.weight import Weight
+
+__all__ = [
+    "Layer",
+    "LayerV2",
+    "Module",
+    "LayerList",
+    "Sequential",
+    "add_layer_hook",
+    "clear_hooks",
+    "recursive_named_layers",
+    "HookHandle",
+    "LoadStateDictResult",
+]
+
+# -- hooks ---------------------------------------------------------------------------------------
+
+
+# Module-global as in MAX (one list, shared by every layer).
+_HOOKS: list[Callable[..., Any]] = []
+
+
+class HookHandle:
+    """Returned by :func:`add_layer_hook`; ``handle.remove()`` removes that one hook."""
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn: Callable[..., Any]):
+        self._fn = fn
+
+    def remove(self) -> None:
+        try:
+            _HOOKS.remove(self._fn)
+        except ValueError:
+            pass
+
+    def __enter__(self) -> "HookHandle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+def add_layer_hook(fn: Callable[[Any, tuple, dict, Any], Any]) -> HookHandle:
+    """Adds ``fn(layer, args, kwargs, outputs)``, called after each layer's ``__call__``.
+
+    Hooks run innermost layer first, in every mode (graph values in graph mode, TensorValues
+    holding arrays or tracers otherwise). A hook that returns something other than None replaces
+    the layer's outputs. Returns a handle whose ``remove()`` removes this hook.
+    """
+    _HOOKS.append(fn)
+    return HookHandle(fn)
+
+
+def clear_hooks() -> None:
+    """Removes all hooks."""
+    _HOOKS.clear()
+
+
+# -- array boundary ------------------------------------------------------------------------------
+
+
+def _is_raw_array(x: Any) -> bool:
+    from maxjax.driver import Buffer
+
+    return isinstance(x, (jax.Array, np.ndarray, Buffer)) and not isinstance(x, TensorValue)
+
+
+def _wrap_arrays(tree: Any) -> tuple[Any, bool]:
+    found = False
+
+    def wrap(x: Any) -> Any:
+        nonlocal found
+        if _is_raw_array(x):
+            found = True
+            return TensorValue(x)
+        return x
+
+    return jax.tree.map(wrap, tree, is_leaf=lambda x: isinstance(x, TensorValue)), found
+
+
+def _unwrap(tree: Any) -> Any:
+    return jax.tree.map(
+        lambda x: x.to_jax() if isinstance(x, TensorValue) and x._graph is None else x,
+        tree,
+        is_leaf=lambda x: isinstance(x, TensorValue),
+    )
+
+
+def _wrap_call(call: Callable[..., Any]) -> Callable[..., Any]:
+    if getattr(call, "_maxjax_wrapped", False):
+        return call
+
+    @functools.wraps(call)
+    def __call__(self: "Layer", *args: Any, **kwargs: Any) -> Any:
+        (args, kwargs), boundary = _wrap_arrays((args, kwargs))
+        scope = None
+        if (boundary or current_weight_scope() is None) and isinstance(self, Module) and current_graph() is None:
+            scope = weight_scope(self._fqn_index())
+        if scope is not None:
+            scope.__enter__()
+        try:
+            if current_graph() is None:
+                with jax.named_scope(type(self).__name__):
+                    out = call(self, *args, **kwargs)
+            else:
+                out = call(self, *args, **kwargs)
+            for hook in tuple(_HOOKS):
+                result = hook(self, args, kwargs, out)
+                if result is not None:
+                    out = result
+        finally:
+            if scope is not None:
+                scope.__exit__(None, None, None)
+        return _unwrap(out) if boundary else out
+
+    __call__._maxjax_wrapped = True  # type: ignore[attr-defined]
+    return __call__
+
+
+class Layer:
+    """Base class of layers (MAX's deprecated ``Layer``): wraps ``__call__`` to run the hooks."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__call__" in cls.__dict__:
+            cls.__call__ = _wrap_call(cls.__dict__["__call__"])  # type: ignore[method-assign]
+
+
+# -- Module --------------------------------------------------------------------------------------
+
+_STRUCTURE = [0]  # bumped when any module's registered children or weights change
+
+
+class LoadStateDictResult(NamedTuple):
+    """What ``load_state_dict(strict=False)`` did not match (PyTorch's ``_IncompatibleKeys``)."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
+def _init_registry(module: "Module") -> None:
+    d = module.__dict__
+    if "_sublayers" not in d:
+        d["_sublayers"] = {}
+        d["_layer_weights"] = {}
+        d["_weight_attrs"] = {}
+        d["_shared_keys"] = set()
+        d["_cache"] = {}
+
+
+def _value_meta(fqn: str, value: Any) -> tuple[Shape, DType, Any]:
+    """Shape, dtype and the NumPy array (if the value is host memory) of a state-dict value."""
+    from maxjax.driver import Buffer
+
+    if type(value).__name__ == "WeightData":
+        _, _, host = _value_meta(fqn, value.data) if not isinstance(value.data, (list, tuple)) else (0, 0, None)
+        return Shape(value.shape), value.dtype, host
+    if isinstance(value, np.ndarray):
+        return Shape(value.shape), DType.from_numpy(value.dtype), value
+    if isinstance(value, (jax.Array, Buffer)):
+        return Shape(value.shape), DType.of(value.dtype), None
+    if isinstance(value, TensorValue) and value._array is not None:
+        return Shape(value.shape), value.dtype, None
+    if hasattr(value, "__dlpack__") and hasattr(value, "__dlpack_device__"):
+        try:
+            arr = np.from_dlpack(value)
+        except Exception:
+            arr = None
+        if arr is not None:
+            return Shape(arr.shape), DType.from_numpy(arr.dtype), arr
+    raise ValueError(
+        f"The class type of {fqn!r} value ({type(value)}) is not an array type that we understand. "
+        "Please use a numpy array, a jax.Array, a maxjax.driver.Buffer, a WeightData or a DLPack array."
+    )
+
+
+def _fmt_shape(shape: Shape, weightdata: bool) -> str:
+    return repr(shape) if weightdata else str(tuple(int(d) if hasattr(d, "__index__") else str(d) for d in shape))
+
+
+class Module(Layer):
+    """Base class for model components with weight management (MAX's ``max.nn.Module``).
+
+    Sub-modules and Weights assigned as attributes are registered (subclasses need not call
+    ``super().__init__()``). See the module docstring for naming.
+    """
+
+    def __init__(self) -> None:
+        _init_registry(self)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        _init_registry(self)
+        d = self.__dict__
+        old = d.get(name)
+        if isinstance(old, Module) and d["_sublayers"].get(name) is old:
+            del d["_sublayers"][name]
+            _STRUCTURE[0] += 1
+        if isinstance(old, Weight):
+            key = d["_weight_attrs"].pop(name, None)
+            if key is not None and key not in d["_weight_attrs"].values():
+                d["_layer_weights"].pop(key, None)
+                d["_shared_keys"].discard(key)
+            _STRUCTURE[0] += 1
+        if isinstance(value, Module):
+            d["_sublayers"][name] = value
+            _STRUCTURE[0] += 1
+        elif isinstance(value, Weight):
+            d["_layer_weights"][value.name] = value
+            d["_weight_attrs"][name] = value.name
+            _STRUCTURE[0] += 1
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        self.__setattr__(name, None)
+        object.__delattr__(self, name)
+
+    # -- structure -------------------------------------------------------------------------
+    @property
+    def sublayers(self) -> dict[str, "Module"]:
+        _init_registry(self)
+        return dict(self._sublayers)
+
+    @property
+    def layer_weights(self) -> dict[str, Weight]:
+        """This module's own weights, keyed by the Weight's name (shared ones included)."""
+        _init_registry(self)
+        return dict(self._layer_weights)
+
+    def named_modules(self) -> Iterator[tuple[str, "Module"]]:
+        """``(prefix, module)`` for this module and every descendant, breadth first, each module once.
+
+        The prefix ends with a dot (``"layers.3."``); the root's is ``""``.
+        """
+        seen: set[int] = set()
+        queue: deque[tuple[str, Module]] = deque([("", self)])
+        while queue:
+            prefix, m = queue.popleft()
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            yield prefix, m
+            _init_registry(m)
+            for name, child in m._sublayers.items():
+                queue.append((f"{prefix}{name}.", child))
+
+    def _named_weights(self) -> list[tuple[str, Weight]]:
+        """``(fqn, weight)`` for every owned (not shared) weight, in module order; no renaming."""
+        out = []
+        for prefix, m in self.named_modules():
+            for key, w in m._layer_weights.items():
+                if key not in m._shared_keys:
+                    out.append((prefix + key, w))
+        return out
+
+    def _fqn_index(self) -> dict[str, Weight]:
+        """FQN -> Weight, cached until the structure of any module changes."""
+        _init_registry(self)
+        cached = self._cache.get("fqn_index")
+        if cached is not None and cached[0] == _STRUCTURE[0]:
+            return cached[1]
+        index = dict(self._named_weights())
+        self._cache["fqn_index"] = (_STRUCTURE[0], index)
+        return index
+
+    def replace_module(self, name: str, module: "Module") -> None:
+        """Replaces the registered child ``name``.
+
+        Raises:
+            KeyError: no child of that name is registered.
+        """
+        _init_registry(self)
+        if name not in self._sublayers:
+            raise KeyError(f"{type(self).__name__} has no sub-module {name!r} (has {sorted(self._sublayers)})")
+        setattr(self, name, module)
+
+    # -- weights ---------------------------------------------------------------------------
+    def raw_state_dict(self) -> dict[str, Weight]:
+        """Every owned Weight by FQN (the Weights are given their FQNs as names, as in MAX)."""
+        out = {}
+        for fqn, w in self._named_weights():
+            w.name = fqn
+            out[fqn] = w
+        return out
+
+    def state_dict(self, auto_initialize: bool = True) -> dict[str, Any]:
+        """Every owned weight's value by FQN: the objects given to ``load_state_dict``.
+
+        Weights with no value get zeros (NumPy arrays of their dtype and shape), unless
+        ``auto_initialize`` is False.
+
+        Raises:
+            ValueError: ``auto_initialize=False`` and a weight has no value (names it).
+        """
+        out = {}
+        for fqn, w in self.raw_state_dict().items():
+            if w._data is None:
+                if not auto_initialize:
+                    raise ValueError(f"Weight '{fqn}' was not initialized.")
+                if not Shape.is_static(w.shape):
+                    raise ValueError(f"Weight '{fqn}' has a symbolic shape {w.shape} and cannot be zero-filled")
+                w._set_value(np.zeros(tuple(int(d) for d in w.shape), w.dtype.to_numpy()))
+            out[fqn] = w._data
+        return out
+
+    def load_state_dict(
+        self,
+        state_dict: Mapping[str, Any],
+        *,
+        override_quantization_encoding: bool = False,
+        weight_alignment: int | None = None,
+        strict: bool = True,
+    ) -> LoadStateDictResult:
+        """Sets the values of all weights from ``state_dict`` (FQN -> array, Buffer or WeightData).
+
+        Every value is checked (type, shape, dtype, quantization encoding, alignment) and, with
+        ``strict=True``, the key sets must match, before anything changes: when this raises, the
+        module is as it was. Values are kept as given (no copy); they reach the device when used.
+
+        Args:
+            override_quantization_encoding: take dtype, shape and encoding from ``WeightData`` values.
+            weight_alignment: byte alignment required of host arrays (default: each weight's
+                ``align`` or its dtype's).
+            strict: raise on missing or unexpected keys; with False they are returned instead.
+
+        Returns:
+            ``LoadStateDictResult(missing_keys, unexpected_keys)``.
+
+        Raises:
+            ValueError: a value of the wrong type, shape, dtype or alignment (naming the weight, the
+                expected and the actual), or, with ``strict=True``, missing or unexpected keys
+                (all of them, each missing one with "did you mean").
+        """
+        named = self._named_weights()
+        fqns = {fqn for fqn, _ in named}
+        errors: list[str] = []
+        missing: list[str] = []
+        plan: list[tuple[str, Weight, Any, Any]] = []
+        for fqn, w in named:
+            if fqn not in state_dict or state_dict[fqn] is None:
+                missing.append(fqn)
+                continue
+            value = state_dict[fqn]
+            try:
+                shape, dtype, host = _value_meta(fqn, value)
+            except ValueError as e:
+                errors.append(str(e))
+                continue
+            is_wd = type(value).__name__ == "WeightData"
+            enc = getattr(value, "quantization_encoding", None) if is_wd else None
+            override = None
+            if override_quantization_encoding and enc is not None:
+                override = (enc, dtype, shape)
+            else:
+                bad_shape = shape != w.shape and Shape.is_static(w.shape)
+                bad_dtype = dtype != w.dtype
+                exp_s, act_s = _fmt_shape(w.shape, is_wd), _fmt_shape(shape, is_wd)
+                end = "" if is_wd else "."
+                if bad_shape and bad_dtype:
+                    errors.append(
+                        f"Value provided to weight '{fqn}' had different shape (expected={exp_s}, actual={act_s}) "
+                        f"and dtype (expected={w.dtype!r}, actual={dtype!r}){end}"
+                    )
+                elif bad_shape:
+                    errors.append(
+                        f"Value provided to weight '{fqn}' had different shape (expected={exp_s}, actual={act_s}){end}"
+                    )
+                elif bad_dtype:
+                    errors.append(
+                        f"Value provided to weight '{fqn}' had different dtype (expected={w.dtype!r}, "
+                        f"actual={dtype!r}){end}"
+                    )
+                elif enc is not None and w.quantization_encoding is not None and enc != w.quantization_encoding:
+                    errors.append(
+                        f"Value provided to weight '{fqn}' had different quantization encoding "
+                        f"(expected={w.quantization_encoding}, actual={enc}); pass "
+                        "override_quantization_encoding=True to take the value's"
+                    )
+            align = weight_alignment or w.align or dtype.align
+            if host is not None and align > 1 and host.size and host.ctypes.data % align:
+                errors.append(
+                    f"Found unaligned weight '{fqn}' (expected alignment={align}). If you are using a "
+                    "memory-mapped file, pass weight_alignment=1 to load_state_dict."
+                )
+            plan.append((fqn, w, value, override))
+        if errors:
+            raise ValueError("\n".join(errors))
+        unexpected = [k for k in state_dict if k not in fqns or state_dict[k] is None]
+        if strict and (missing or unexpected):
+            parts = []
+            if missing:
+                hints = []
+                for m in missing:
+                    close = difflib.get_close_matches(m, unexpected or list(state_dict), n=1, cutoff=0.6)
+                    if close:
+                        hints.append(f"For '{m}', did you mean '{close[0]}'?")
+                parts.append("Missing required weights: " + ", ".join(missing) + ("; " + "; ".join(hints) if hints else ""))
+            if unexpected:
+                parts.append("Unexpected keys in state_dict: " + ", ".join(unexpected))
+            raise ValueError("load_state_dict() strict=True validation failed. " + "; ".join(parts))
+        # commit: nothing above changed the module
+        for fqn, w, value, override in plan:
+            if override is not None:
+                w.quantization_encoding, w._dtype, w._shape = override
+                w.__dict__.pop("original_dtype_and_shape", None)
+            w.name = fqn
+            w._set_value(value)
+        return LoadStateDictResult(missing, unexpected)
+
+    def set_shared_weight(self, name: str, weight: Weight) -> None:
+        """Sets attribute ``name`` to a Weight owned by another module (tied weights).
+
+        The weight is used by this module but skipped by its ``raw_state_dict``/``load_state_dict``:
+        for tied embeddings the only key is the owner's (``embed.weight``).
+        """
+        setattr(self, name, weight)
+        self._shared_keys.add(self._weight_attrs[name])
+        _STRUCTURE[0] += 1
+
+    def to(self, *devices: Any, sharding_strategy: Any = None) -> None:
+        """Places this module's weights on ``devices[0]``, or with ``sharding_strategy`` sets that
+        strategy on every weight (they can then be ``shard``-ed over ``devices``)."""
+        from maxjax.graph.type import DeviceRef
+
+        if not devices:
+            raise ValueError("Module.to needs at least one device")
+        refs = [DeviceRef.from_device(d) for d in devices]
+        self.devices = refs  # type: ignore[attr-defined]
+        for _, w in self._named_weights():
+            if sharding_strategy is not None:
+                w.sharding_strategy = sharding_strategy
+            else:
+                w.device = refs[0]
+
+    # -- graphs ----------------------------------------------------------------------------
+    def build_subgraph(
+        self,
+        name: str,
+        input_types: Sequence[Any] | None = None,
+        weight_prefix: str = "",
+        *,
+        inputs: Sequence[Any] | None = None,
+    ) -> Graph:
+        """Traces this layer once into a subgraph for ``ops.call(subgraph, *args, prefix=...)``.
+
+        Accepts the seed's ``input_types`` and MAX 26.7's ``inputs`` (types or values). Weights whose
+        names start with ``weight_prefix`` become placeholders keyed without it; the Weight objects
+        are not renamed. Inside a graph the subgraph belongs to the current graph; outside one
+        (eager/functional mode) it is a standalone graph, cached per input types.
+
+        Raises:
+            ValueError: both or neither of ``input_types`` and ``inputs`` given.
+        """
+        if (input_types is None) == (inputs is None):
+            raise ValueError("build_subgraph: pass the input types (input_types= or inputs=), exactly once")
+        flat: list[Any] = []
+        for t in input_types if input_types is not None else inputs:  # type: ignore[union-attr]
+            flat.extend(t if isinstance(t, (list, tuple)) else [t])
+        types = [_to_type(t) for t in flat]
+        parent = current_graph()
+        if parent is not None:
+            sub = parent.add_subgraph(name, input_types=types, _weight_prefix=weight_prefix)
+        else:
+            _init_registry(self)
+            key = ("subgraph", name, tuple(types), weight_prefix, _STRUCTURE[0])
+            cached = self._cache.get(key)
+            if cached is not None:
+                return cached
+            sub = Graph(name, input_types=types, _weight_prefix=weight_prefix)
+            self._cache[key] = sub
+        with sub:
+            out = self(*sub.inputs)
+            sub.output(*(out if isinstance(out, (list, tuple)) else [out]))
+        return sub
+
+    def trace(self, *input_types: TensorType, name: str | None = None, **kwargs: Any) -> Graph:
+        """A graph of this module called on inputs of ``input_types``."""
+        return Graph(name or type(self).__name__, forward=self, input_types=input_types)
+
+    def compile(
+        self, *input_types: TensorType, session: Any, weights: Mapping[str, Any] | None = None, name: str | None = None, **kwargs: Any
+    ) -> Any:
+        """Traces this module and loads it into ``session`` with ``weights`` (default: its state dict)."""
+        graph = self.trace(*input_types, name=name)
+        return session.load(graph, weights_registry=weights if weights is not None else self.state_dict())
+
+    def __repr__(self) -> str:
+        _init_registry(self)
+        return f"{type(self).__name__}({len(self._sublayers)} layers, {len(self._layer_weights)} weights)"
+
+
+LayerV2 = Module
+
+
+def recursive_named_layers(parent: Module, prefix: str = "") -> Iterable[tuple[str, Module]]:
+    """``(name, layer)`` for ``parent`` and every descendant, depth first (names without a
+    trailing dot: ``""``, ``"layers"``, ``"layers.0"``, ...)."""
+    stack: list[tuple[str, Module]] = [(prefix, parent)]
+    while stack:
+        name, layer = stack.pop()
+        yield name, layer
+        children = list(layer.sublayers.items())
+        for child_name, child in reversed(children):
+            stack.append((f"{name}.{child_name}" if name else child_name, child))
+
+
+class LayerList(Module):
+    """A list of layers registered as ``"0"``, ``"1"``, ...; calling it chains them (as in MAX).
+
+    ``append``, ``insert`` and ``extend`` register the new layers (MAX 26.7 does not).
+    """
+
+    def __init__(self, layers: Sequence[Module] = ()) -> None:
+        super().__init__()
+        object.__setattr__(self, "layers", [])
+        self.extend(layers)
+
+    def _reregister(self) -> None:
+        for k in [k for k in self._sublayers if k.isdigit()]:
+            del self._sublayers[k]
+            self.__dict__.pop(k, None)
+        for i, layer in enumerate(self.layers):
+            setattr(self, str(i), layer)
+
+    def append(self, layer: Module) -> None:
+        self.layers.append(layer)
+        setattr(self, str(len(self.layers) - 1), layer)
+
+    def extend(self, layers: Iterable[Module]) -> None:
+        for layer in layers if not isinstance(layers, Module) else [layers]:
+            self.append(layer)
+
+    def insert(self, i: int, layer: Module) -> None:
+        self.layers.insert(i, layer)
+        self._reregister()
+
+    def __getitem__(self, i: int) -> Any:
+        if isinstance(i, slice):
+            return self.layers[i]
+        return self.layers[i]
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self.layers)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Chains the layers: the first gets ``*args, **kwargs``, each next one the previous output."""
+        if not self.layers:
+            return args[0] if len(args) == 1 else args
+        out = self.layers[0](*args, **kwargs)
+        for layer in self.layers[1:]:
+            out = layer(out)
+        return out
+
+
+class Sequential(LayerList):
+    """Layers applied in order (the same as :class:`LayerList` in MAX)."""

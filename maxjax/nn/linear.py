@@ -1,0 +1,127 @@
+"""``Linear`` and ``MLP`` with MAX's constructor arguments and weight names."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from maxjax.dtype import DType
+from maxjax.graph import ops
+from maxjax.graph.type import DeviceRef
+from maxjax.graph.weight import Weight
+from maxjax.nn.layer import Module
+
+__all__ = ["Linear", "MLP"]
+
+
+def packed_shape(rows: int, cols: int, encoding: Any) -> tuple[int, int]:
+    """The uint8 ``[rows, bytes_per_row]`` shape of a ``[rows, cols]`` matrix in GGUF blocks.
+
+    Raises:
+        ValueError: ``cols`` is not a whole number of blocks.
+    """
+    bp = encoding.block_parameters
+    if cols % bp.elements_per_block:
+        raise ValueError(
+            f"{encoding}: a row of {cols} elements is not a whole number of {bp.elements_per_block}-element blocks"
+        )
+    return rows, cols // bp.elements_per_block * bp.block_size
+
+
+class Linear(Module):
+    """``y = x @ weight.T (+ bias)`` with ``weight`` of shape ``[out_dim, in_dim]`` (MAX's ``nn.Linear``).
+
+    With a GGUF ``quantization_encoding`` the weight is uint8 blocks ``[out_dim, bytes_per_row]``
+    and is dequantized inside the computation (float32 arithmetic).
+
+    Weight keys: ``weight`` and ``bias`` (``{name}.weight`` when ``name`` is given).
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        dtype: DType,
+        device: DeviceRef | None = None,
+        has_bias: bool = False,
+        quantization_encoding: Any = None,
+        quant_config: Any = None,
+        name: str | None = None,
+        clip_weight: float | None = None,
+        is_sharding: bool = False,
+    ) -> None:
+        super().__init__()
+        self.in_dim, self.out_dim = in_dim, out_dim
+        self.device = device or DeviceRef.CPU()
+        self.clip_weight = clip_weight
+        prefix = f"{name}." if name else ""
+        if quantization_encoding is not None:
+            self.weight = Weight(
+                f"{prefix}weight", DType.uint8, packed_shape(out_dim, in_dim, quantization_encoding),
+                self.device, quantization_encoding=quantization_encoding,
+            )
+        else:
+            self.weight = Weight(f"{prefix}weight", dtype, (out_dim, in_dim), self.device)
+        self.bias = Weight(f"{prefix}bias", dtype, (out_dim,), self.device) if has_bias else None
+
+    def __call__(self, x: Any) -> Any:
+        enc = self.weight.quantization_encoding
+        if enc is not None:
+            y = ops.qmatmul(enc, None, x.cast(DType.float32) if x.dtype != DType.float32 else x, self.weight)
+            y = y.cast(x.dtype) if x.dtype != DType.float32 else y
+        else:
+            w = self.weight
+            if self.clip_weight:
+                w = ops.max(ops.min(w, self.clip_weight), -self.clip_weight)
+            y = x @ w.T
+        if self.bias is not None:
+            y = y + self.bias
+        return y
+
+
+_ACTIVATIONS = {
+    "silu": ops.silu,
+    "gelu": ops.gelu,
+    "gelu_tanh": lambda x: ops.gelu(x, approximate="tanh"),
+    "relu": ops.relu,
+    "tanh": ops.tanh,
+    "sigmoid": ops.sigmoid,
+}
+
+
+class MLP(Module):
+    """Gated feed-forward block (SwiGLU with ``silu``): ``down(act(gate(x)) * up(x))``.
+
+    MAX's ``nn.MLP`` arguments; weight keys ``gate_proj.weight``, ``up_proj.weight``,
+    ``down_proj.weight`` (and ``.bias`` with ``has_bias``).
+
+    Raises:
+        ValueError: an unknown ``activation_function`` (lists the supported ones).
+    """
+
+    def __init__(
+        self,
+        dtype: DType,
+        quantization_encoding: Any,
+        hidden_dim: int,
+        feed_forward_length: int,
+        devices: Sequence[DeviceRef] = (),
+        linear_cls: type = Linear,
+        has_bias: bool = False,
+        activation_function: str = "silu",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__()
+        if activation_function not in _ACTIVATIONS:
+            raise ValueError(
+                f"MLP: unsupported activation_function {activation_function!r} (supported: {sorted(_ACTIVATIONS)})"
+            )
+        device = list(devices)[0] if devices else DeviceRef.CPU()
+        self.devices = list(devices)
+        self.activation_function = activation_function
+        self.gate_proj = linear_cls(hidden_dim, feed_forward_length, dtype, device, has_bias, quantization_encoding)
+        self.down_proj = linear_cls(feed_forward_length, hidden_dim, dtype, device, has_bias, quantization_encoding)
+        self.up_proj = linear_cls(hidden_dim, feed_forward_length, dtype, device, has_bias, quantization_encoding)
+
+    def __call__(self, x: Any) -> Any:
+        act = _ACTIVATIONS[self.activation_function]
+        return self.down_proj(act(self.gate_proj(x)) * self.up_proj(x))
