@@ -122,7 +122,7 @@ def _eager_weights(site: CallSite) -> dict[str, Any]:
                     + did_you_mean(name, index or ())
                 )
         v = bindings.get(id(w))
-        out[k] = v if v is not None else w._resolve(None)
+        out[name] = v if v is not None else w._resolve(None)
     return out
 
 

@@ -144,8 +144,8 @@ def print(x: Any, label: str = "debug_tensor") -> None:  # noqa: A001 - MAX's na
 def rebind(x: Any, shape: Iterable[Any], message: str = "", layout: Any = None) -> Any:
     """Asserts ``x`` has ``shape`` (the same number of dims) and returns it with that shape."""
     target = _shape(shape)
-    if len(target) != x.rank:
-        raise ValueError(f"rebind: {message or 'shape mismatch'}: rank {x.rank} vs {len(target)}")
+    if len(target) != len(x.shape):
+        raise ValueError(f"rebind: {message or 'shape mismatch'}: rank {len(x.shape)} vs {len(target)}")
     return reshape(x, target)
 
 
@@ -309,9 +309,9 @@ def pad(input: Any, paddings: Iterable[int], mode: str = "constant", value: Any 
         ValueError: ``paddings`` does not hold two entries per axis.
     """
     p = [_dim(v) for v in paddings]
-    if len(p) != 2 * input.rank:
-        raise ValueError(f"pad: expected {2 * input.rank} paddings for rank {input.rank}, got {len(p)}")
-    widths = tuple((p[2 * i], p[2 * i + 1]) for i in builtins.range(input.rank))
+    if len(p) != 2 * len(input.shape):
+        raise ValueError(f"pad: expected {2 * len(input.shape)} paddings for rank {len(input.shape)}, got {len(p)}")
+    widths = tuple((p[2 * i], p[2 * i + 1]) for i in builtins.range(len(input.shape)))
     return apply(_pad, input, _name="pad", widths=widths, mode=mode, value=value)
 
 

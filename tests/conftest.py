@@ -1,0 +1,17 @@
+"""Test setup (after Equinox's): 8 CPU devices and strict dtype promotion for every test."""
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 8)
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_hooks():
+    """Layer hooks are module-global (as in MAX): make sure no test leaks one into the next."""
+    from maxjax.nn.layer import clear_hooks
+
+    yield
+    clear_hooks()
