@@ -227,7 +227,7 @@ class Module(Layer):
         _init_registry(self)
         d = self.__dict__
         old = d.get(name)
-        if isinstance(old, Module) and d["_sublayers"].get(name) is old:
+        if isinstance(old, Module) and d["_sublayers"].get(name) is old and not isinstance(value, Module):
             del d["_sublayers"][name]
             _STRUCTURE[0] += 1
         if isinstance(old, Weight):
