@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import abc
 from typing import Any, Iterable, Sequence
 
 import jax
@@ -114,7 +115,7 @@ def load_devices(device_specs: Iterable[Any]) -> list[Device]:
     return [d if isinstance(d, Device) else DeviceRef.from_device(d).to_device() for d in device_specs]
 
 
-class DLPackArray:
+class DLPackArray(abc.ABC):
     """Marker base for objects that implement ``__dlpack__`` (MAX's ``DLPackArray``).
 
     ``isinstance(x, DLPackArray)`` is True for anything with ``__dlpack__`` and ``__dlpack_device__``.
