@@ -18,10 +18,11 @@ import numpy as np
 from maxjax.driver import CPU, Buffer, Device
 from maxjax.dtype import DType
 from maxjax.graph.graph import Graph, did_you_mean
+from maxjax.graph.scan import chain_shared_keys, evaluate, find_chains, stack_chain_weights
 from maxjax.graph.type import Shape
 from maxjax.graph.weight import to_jax_array
 
-__all__ = ["InferenceSession", "Model", "TensorSpec"]
+__all__ = ["InferenceSession", "Model", "Program", "TensorSpec", "enable_compilation_cache"]
 
 
 @dataclass(frozen=True)
@@ -52,18 +53,127 @@ def _input_array(x: Any) -> Any:
     return np.asarray(x)
 
 
+class Program:
+    """A graph as a pure function of prepared weights: ``apply(state, *inputs) -> list[array]``.
+
+    The functional form of what ``InferenceSession.load`` runs: ``state = program.prepare(registry)``
+    checks and places the weights once (stacking the weights of ``ops.call`` chains along a layer
+    axis, see :mod:`maxjax.graph.scan`); ``program.apply`` is pure and works under ``jax.jit``,
+    ``jax.grad`` and ``jax.vmap``. ``program.unstack(grads)`` maps a pytree shaped like ``state``
+    back to registry names.
+
+    Args:
+        graph: a graph with its output set.
+        scan: lower chains of calls of one subgraph to ``lax.scan`` (True by default).
+        remat: wrap each scanned layer in ``jax.checkpoint`` (less memory when differentiating).
+    """
+
+    def __init__(self, graph: Graph, *, scan: bool = True, remat: bool = False):
+        if not isinstance(graph, Graph):
+            raise TypeError(f"expected a maxjax Graph, got {type(graph).__name__}")
+        if graph._outputs is None:
+            raise ValueError(f"Graph {graph.name!r} has no output: call graph.output(...) before loading it")
+        self.graph = graph
+        self.remat = remat
+        self.chains = find_chains(graph) if scan else []
+        stacked_names = {p + k for c in self.chains for k, e in c.sub._weights.items() if e.placeholder for p in c.prefixes}
+        in_chain = {n.id for c in self.chains for n in c.nodes}
+        used = {n.extra.key for n in graph._nodes if n.kind == "weight"}
+        for n in graph._nodes:
+            if n.kind == "call" and n.id not in in_chain:
+                used.update(graph._weight_key(name)[0] for name in n.extra.keys.values())
+        for c in self.chains:
+            used.update(graph._weight_key(k)[0] for k in chain_shared_keys(c))
+        self._plain_keys = sorted(k for k in graph._weights if k in used or k not in stacked_names)
+
+    def check(self, registry: Mapping[str, Any]) -> None:
+        """Checks ``registry`` against every weight the graph needs (name, shape, dtype).
+
+        Raises:
+            ValueError: a weight is missing (with "did you mean") or has a different shape or dtype.
+        """
+        for key, entry in self.graph._weights.items():
+            if key not in registry:
+                raise ValueError(f"Weight {key!r} is not in the weights registry.{did_you_mean(key, registry)}")
+            value = registry[key]
+            w = entry.weight
+            shape = tuple(getattr(value, "shape", np.shape(value)))
+            try:
+                dtype = DType.of(value.dtype)
+            except (ValueError, AttributeError):
+                dtype = DType.from_numpy(np.asarray(value).dtype)
+            bad = []
+            if Shape.is_static(w.shape) and Shape(shape) != w.shape:
+                bad.append(f"shape (expected={tuple(int(d) for d in w.shape)}, actual={shape})")
+            if dtype != w.dtype:
+                bad.append(f"dtype (expected={w.dtype!r}, actual={dtype!r})")
+            if bad:
+                raise ValueError(f"Value for weight {key!r} in the weights registry had different " + " and ".join(bad))
+
+    def prepare(self, registry: Mapping[str, Any], device: Any = None) -> dict[str, Any]:
+        """Checks the registry and returns the state for :meth:`apply`, placed on devices once.
+
+        Each array goes to its weight's ``sharding`` (stacked weights get a leading unsharded
+        layer axis), else its weight's device, else ``device``.
+        """
+        self.check(registry)
+        weights = {k: to_jax_array(registry[k], self._target(self.graph._weights[k].weight, device)) for k in self._plain_keys}
+        stacked = []
+        for chain in self.chains:
+            arrays = stack_chain_weights(chain, lambda name: _host(registry[name]))
+            stacked.append(
+                {k: to_jax_array(v, self._target(chain.sub._weights[k].weight, device, stacked=True)) for k, v in arrays.items()}
+            )
+        return {"weights": weights, "stacked": stacked}
+
+    @staticmethod
+    def _target(w: Any, device: Any, stacked: bool = False) -> Any:
+        if w.sharding is not None:
+            if stacked and isinstance(w.sharding, jax.sharding.NamedSharding):
+                P = jax.sharding.PartitionSpec
+                return jax.sharding.NamedSharding(w.sharding.mesh, P(None, *w.sharding.spec))
+            return w.sharding if not stacked else None
+        try:
+            return w.device.jax_device()
+        except ValueError:
+            return device
+
+    def apply(self, state: Mapping[str, Any], *args: Any) -> list[Any]:
+        """Evaluates the graph on ``args`` with prepared ``state`` (pure; jit/grad/vmap it freely)."""
+        return evaluate(self.graph, self.chains, state["weights"], state["stacked"], args, self.remat)
+
+    def unstack(self, tree: Mapping[str, Any]) -> dict[str, Any]:
+        """A pytree shaped like :meth:`prepare`'s result (e.g. gradients) by registry name."""
+        out = dict(tree["weights"])
+        for chain, stacked in zip(self.chains, tree["stacked"]):
+            for k, v in stacked.items():
+                for i, p in enumerate(chain.prefixes):
+                    out[p + k] = v[i]
+        return out
+
+
+def _host(value: Any) -> Any:
+    if isinstance(value, Buffer):
+        return value.to_numpy()
+    if type(value).__name__ == "WeightData":
+        return _host(value.data)
+    return value
+
+
 class Model:
     """A loaded graph: ``execute(*inputs) -> list[Buffer]`` (MAX's ``Model``)."""
 
-    def __init__(self, graph: Graph, weights: dict[str, jax.Array], devices: list[Device]):
+    def __init__(self, program: Program, state: dict[str, Any], devices: list[Device]):
+        graph = program.graph
         self._graph = graph
-        self._weights = weights
+        self._program = program
+        self._state = state
         self.devices = devices
         self._traces = 0
 
-        def run(w: Mapping[str, Any], *args: Any) -> list[Any]:
+        def run(state: Mapping[str, Any], *args: Any) -> list[Any]:
             self._traces += 1  # once per trace (new input shapes), not per call
-            return graph._evaluate(w, args)
+            return program.apply(state, *args)
 
         self._run = jax.jit(run)
         self.input_metadata = [
@@ -72,7 +182,6 @@ class Model:
         self.output_metadata = [
             _spec(t.shape, t.dtype, f"output{i}") for i, t in enumerate(graph.output_types)
         ]
-
     @property
     def signature(self) -> str:
         ins = ", ".join(f"{s.name}: {s.dtype.name}{s.shape}" for s in self.input_metadata)
@@ -93,7 +202,7 @@ class Model:
         """
         arrays = [_input_array(a) for a in args]
         self._graph.bind_dims([a.shape for a in arrays], [a.dtype for a in arrays])
-        return [Buffer(o) for o in self._run(self._weights, *arrays)]
+        return [Buffer(o) for o in self._run(self._state, *arrays)]
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[Buffer]:
         if kwargs:
@@ -125,9 +234,14 @@ class InferenceSession:
         *,
         custom_extensions: Any = None,
         weights_registry: Mapping[str, Any] | None = None,
+        scan: bool = True,
+        remat: bool = False,
         **kwargs: Any,
     ) -> Model:
         """Checks ``weights_registry`` against the graph's weights and returns a loaded :class:`Model`.
+
+        Chains of ``ops.call`` of one subgraph run as one ``lax.scan`` over weights stacked here,
+        once (``scan=False`` turns that off; ``remat=True`` checkpoints each scanned layer).
 
         Raises:
             ValueError: a weight the graph needs is missing from the registry (with "did you mean"),
@@ -137,35 +251,9 @@ class InferenceSession:
         """
         if not isinstance(model, Graph):
             raise TypeError(f"InferenceSession.load expects a maxjax Graph, got {type(model).__name__}")
-        if model._outputs is None:
-            raise ValueError(f"Graph {model.name!r} has no output: call graph.output(...) before loading it")
-        registry = weights_registry or {}
-        weights: dict[str, jax.Array] = {}
-        for key, entry in model._weights.items():
-            if key not in registry:
-                raise ValueError(f"Weight {key!r} is not in the weights registry.{did_you_mean(key, registry)}")
-            value = registry[key]
-            w = entry.weight
-            shape = tuple(getattr(value, "shape", np.shape(value)))
-            try:
-                dtype = DType.of(value.dtype)
-            except (ValueError, AttributeError):
-                dtype = DType.from_numpy(np.asarray(value).dtype)
-            bad = []
-            if Shape.is_static(w.shape) and Shape(shape) != w.shape:
-                bad.append(f"shape (expected={tuple(int(d) for d in w.shape)}, actual={shape})")
-            if dtype != w.dtype:
-                bad.append(f"dtype (expected={w.dtype!r}, actual={dtype!r})")
-            if bad:
-                raise ValueError(f"Value for weight {key!r} in the weights registry had different " + " and ".join(bad))
-            target = w.sharding
-            if target is None:
-                try:
-                    target = w.device.jax_device()
-                except ValueError:
-                    target = self.devices[0].jax_device
-            weights[key] = to_jax_array(value, target)
-        return Model(model, weights, self.devices)
+        program = Program(model, scan=scan, remat=remat)
+        state = program.prepare(weights_registry or {}, self.devices[0].jax_device)
+        return Model(program, state, self.devices)
 
     def compile(self, model: Graph, **kwargs: Any) -> Graph:
         """MAX splits compile and init; here compilation happens on first execute (``jax.jit``)."""
@@ -173,3 +261,25 @@ class InferenceSession:
 
     def init(self, compiled: Graph, *, weights_registry: Mapping[str, Any] | None = None) -> Model:
         return self.load(compiled, weights_registry=weights_registry)
+
+
+def enable_compilation_cache(path: str | None = None) -> str:
+    """Turns on JAX's persistent on-disk compilation cache for every program compiled after this.
+
+    A later process compiling the same program (same graph, shapes, devices and JAX version)
+    loads it from disk instead of compiling (MAX users ask for this: modular/max#166).
+
+    Args:
+        path: the cache folder (default: ``$MAXJAX_CACHE_DIR`` or ``~/.cache/maxjax/jax``).
+
+    Returns:
+        The folder used.
+    """
+    import os
+
+    folder = path or os.environ.get("MAXJAX_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "maxjax", "jax")
+    os.makedirs(folder, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return folder

@@ -47,7 +47,7 @@ def test_weights_are_arguments_not_constants():
     g = _affine_graph()
     w = np.full((4, 3), 7.25, np.float32)
     model = InferenceSession().load(g, weights_registry={"w": w, "b": np.zeros(4, np.float32)})
-    hlo = model._run.lower(model._weights, np.ones((2, 3), np.float32)).as_text()
+    hlo = model._run.lower(model._state, np.ones((2, 3), np.float32)).as_text()
     assert "7.25" not in hlo
     assert hlo.count("tensor<4x3xf32>") >= 1
 
@@ -101,6 +101,6 @@ def test_weights_placed_once_with_their_sharding():
         g.output(g.inputs[0] @ w.T)
     value = RNG.standard_normal((8, 4)).astype(np.float32)
     model = InferenceSession().load(g, weights_registry={"w": value})
-    assert model._weights["w"].sharding == w.sharding
+    assert model._state["weights"]["w"].sharding == w.sharding
     x = RNG.standard_normal((2, 4)).astype(np.float32)
     np.testing.assert_allclose(model.execute(x)[0].to_numpy(), x @ value.T, rtol=1e-5)

@@ -360,32 +360,12 @@ class Graph:
         return env
 
     def _evaluate(self, weights: dict[str, Any], args: Sequence[Any]) -> list[Any]:
-        """Evaluates the graph on arrays (or tracers). ``weights`` maps this graph's weight keys."""
-        from maxjax.graph.ops._core import concretize
+        """Evaluates the graph on arrays (or tracers), call by call. ``weights`` maps this graph's
+        weight keys. (:func:`maxjax.graph.scan.evaluate` is the evaluator; this runs it with no
+        chains lowered to scans.)"""
+        from maxjax.graph.scan import evaluate
 
-        if self._outputs is None:
-            raise ValueError(f"Graph {self.name!r} has no output yet: call graph.output(...)")
-        env = self.bind_dims([a.shape for a in args])
-        vals: list[list[Any]] = []
-        for node in self._nodes:
-            kind = node.kind
-            if kind == "op":
-                a = [vals[x._node.id][x._index] if isinstance(x, TensorValue) else x for x in node.args]
-                out = node.fn(*a, **concretize(node.static, env)) if node.static else node.fn(*a)
-                out = jax.tree.leaves(out) if node.treedef is not None else [out]
-            elif kind == "input":
-                out = [args[node.extra]]
-            elif kind == "weight":
-                out = [weights[node.extra.key]]
-            elif kind == "const":
-                out = [node.extra]
-            elif kind == "call":
-                a = [vals[x._node.id][x._index] for x in node.args]
-                out = node.extra.run(weights, a)
-            else:  # pragma: no cover
-                raise AssertionError(kind)
-            vals.append(out)
-        return [vals[o._node.id][o._index] for o in self._outputs]
+        return evaluate(self, (), weights, (), args)
 
     # -- printing ----------------------------------------------------------------------------
     def __str__(self) -> str:

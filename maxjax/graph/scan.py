@@ -1,0 +1,264 @@
+"""Lowering chains of ``ops.call`` to ``jax.lax.scan``, so compile time does not grow with depth.
+
+A nested ``jax.jit`` only saves tracing: XLA inlines every call (jax-ml/jax#22385). What keeps the
+compiled program the size of one layer is ``lax.scan`` over weights stacked along a layer axis.
+
+A *chain* is a run of call nodes of one subgraph ``c_1 .. c_L`` (``L >= 2``) in one graph where:
+
+- some argument positions are *carried*: argument ``j`` of ``c_{i+1}`` is output ``m(j)`` of
+  ``c_i`` (the same ``m`` for every link), with the same shape and dtype, and that output is used by
+  nothing else;
+- the other arguments (*xs*, e.g. a layer index) have the same shape and dtype in every call and do
+  not depend on any call of the chain; they are stacked along a new leading axis;
+- outputs that are not carried (*ys*) are only used after the last call of the chain;
+- every call has a different prefix (a weight shared across layers breaks the chain).
+
+Anything else is evaluated call by call and stays correct. Placeholder weights of the chain are
+stacked once, when the weights are prepared (``Program.prepare`` / ``InferenceSession.load``);
+weights the subgraph uses without a prefix are shared by all steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maxjax.graph.graph import Graph, Node
+from maxjax.graph.value import TensorValue
+
+__all__ = ["Chain", "find_chains", "stack_chain_weights", "evaluate"]
+
+
+@dataclass
+class Chain:
+    """A run of calls of ``sub`` lowered to one ``lax.scan`` (see the module docstring)."""
+
+    sub: Graph
+    nodes: list[Node]
+    carry: dict[int, int] = field(default_factory=dict)  # arg position -> output index of the previous call
+
+    @property
+    def prefixes(self) -> list[str]:
+        return [n.extra.prefix for n in self.nodes]
+
+    @property
+    def xs_positions(self) -> list[int]:
+        return [j for j in range(len(self.sub._input_types)) if j not in self.carry]
+
+    @property
+    def ys_positions(self) -> list[int]:
+        carried = set(self.carry.values())
+        return [k for k in range(len(self.nodes[0].out_avals)) if k not in carried]
+
+    def __repr__(self) -> str:
+        return f"Chain({self.sub.name!r}, {len(self.nodes)} calls, carry={self.carry})"
+
+
+def _aval_key(aval: Any) -> tuple[str, str]:
+    return (str(tuple(str(d) for d in aval.shape)), str(aval.dtype))
+
+
+def find_chains(graph: Graph) -> list[Chain]:
+    """The chains of ``graph``'s call nodes that can run as one scan each."""
+    nodes = graph._nodes
+    uses: dict[tuple[int, int], list[int]] = {}
+    for n in nodes:
+        for a in n.args:
+            if isinstance(a, TensorValue) and a._node is not None:
+                uses.setdefault((a._node.id, a._index), []).append(n.id)
+    for o in graph._outputs or []:
+        uses.setdefault((o._node.id, o._index), []).append(len(nodes))  # used by the graph output
+
+    chains: list[Chain] = []
+    open_chain: Chain | None = None
+
+    def close() -> None:
+        nonlocal open_chain
+        if open_chain is not None and len(open_chain.nodes) >= 2:
+            chains.append(open_chain)
+        open_chain = None
+
+    for n in nodes:
+        if n.kind != "call":
+            continue
+        link = _link(open_chain, n, uses) if open_chain is not None else None
+        if link is not None:
+            if not open_chain.nodes[1:]:
+                open_chain.carry = link
+            open_chain.nodes.append(n)
+            continue
+        close()
+        open_chain = Chain(n.extra.sub, [n])
+    close()
+    return [c for c in chains if _valid(c, nodes, uses)]
+
+
+def _link(chain: Chain, n: Node, uses: dict[tuple[int, int], list[int]]) -> dict[int, int] | None:
+    """The carry mapping if ``n`` continues ``chain``, else None."""
+    prev = chain.nodes[-1]
+    if n.extra.sub is not chain.sub or n.extra.caller is not prev.extra.caller:
+        return None
+    if n.extra.prefix in chain.prefixes:
+        return None  # the same weights twice: a weight shared across layers
+    carry: dict[int, int] = {}
+    for j, a in enumerate(n.args):
+        if isinstance(a, TensorValue) and a._node is prev:
+            if uses.get((prev.id, a._index)) != [n.id]:
+                return None  # the carried output is used elsewhere too
+            if _aval_key(a._aval) != _aval_key(prev.args[j]._aval if isinstance(prev.args[j], TensorValue) else a._aval):
+                return None
+            carry[j] = a._index
+    if not carry:
+        return None
+    if chain.nodes[1:] and carry != chain.carry:
+        return None
+    for j, a in enumerate(n.args):  # xs must look alike in every call
+        if j not in carry and _aval_key(a._aval) != _aval_key(chain.nodes[0].args[j]._aval):
+            return None
+    return carry
+
+
+def _valid(chain: Chain, nodes: list[Node], uses: dict[tuple[int, int], list[int]]) -> bool:
+    """xs must not depend on the chain; ys must only be used after the chain."""
+    members = {n.id for n in chain.nodes}
+    first, last = chain.nodes[0].id, chain.nodes[-1].id
+    dependent = set(members)
+    for n in nodes[first : last + 1]:
+        if n.id in members:
+            continue
+        if any(isinstance(a, TensorValue) and a._node is not None and a._node.id in dependent for a in n.args):
+            dependent.add(n.id)
+    for n in chain.nodes:
+        for j in chain.xs_positions:
+            a = n.args[j]
+            if a._node.id in dependent:
+                return False
+    for n in chain.nodes[:-1]:
+        for k in chain.ys_positions:
+            if any(u <= last for u in uses.get((n.id, k), [])):
+                return False
+    return True
+
+
+def stack_chain_weights(chain: Chain, lookup: Any) -> dict[str, Any]:
+    """Placeholder weights of ``chain`` stacked along a new leading (layer) axis.
+
+    ``lookup(name)`` gives the array of a registry name (for the caller's keys).
+    """
+    out = {}
+    for k, e in chain.sub._weights.items():
+        if e.placeholder:
+            out[k] = np.stack([np.asarray(lookup(p + k)) for p in chain.prefixes])
+    return out
+
+
+def chain_shared_keys(chain: Chain) -> list[str]:
+    return [k for k, e in chain.sub._weights.items() if not e.placeholder]
+
+
+def run_chain(
+    chain: Chain,
+    stacked: Mapping[str, Any],
+    shared: Mapping[str, Any],
+    first_args: Sequence[Any],
+    xs_args: Sequence[Sequence[Any]],
+    remat: bool = False,
+) -> tuple[list[Any], list[Any]]:
+    """Runs the chain as one scan; returns (final outputs of the last call, ys stacked per output)."""
+    sub = chain.sub
+    carry_pos = sorted(chain.carry)
+    xs_pos = chain.xs_positions
+    ys_pos = chain.ys_positions
+    n_args = len(sub._input_types)
+
+    def body(carry: tuple[Any, ...], x: tuple[Any, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        w_slice, xs_vals = x
+        args: list[Any] = [None] * n_args
+        for j, v in zip(carry_pos, carry):
+            args[j] = v
+        for j, v in zip(xs_pos, xs_vals):
+            args[j] = v
+        sub._trace_count += 1
+        outs = sub._evaluate({**shared, **w_slice}, args)
+        return tuple(outs[chain.carry[j]] for j in carry_pos), tuple(outs[k] for k in ys_pos)
+
+    if remat:
+        body = jax.checkpoint(body)  # type: ignore[assignment]
+    init = tuple(first_args[j] for j in carry_pos)
+    xs = tuple(jnp.stack([a[i] for a in xs_args]) for i in range(len(xs_pos)))
+    final, ys = jax.lax.scan(body, init, (dict(stacked), xs))
+    n_out = len(chain.nodes[0].out_avals)
+    last_out: list[Any] = [None] * n_out
+    for j, v in zip(carry_pos, final):
+        last_out[chain.carry[j]] = v
+    for k, y in zip(ys_pos, ys):
+        last_out[k] = y[-1]
+    return last_out, list(ys)
+
+
+def evaluate(
+    graph: Graph,
+    chains: Sequence[Chain],
+    weights: Mapping[str, Any],
+    stacked: Sequence[Mapping[str, Any]],
+    args: Sequence[Any],
+    remat: bool = False,
+) -> list[Any]:
+    """Evaluates ``graph`` like ``Graph._evaluate``, running each chain as one scan.
+
+    ``weights`` holds the arrays of every registry name used outside the chains (and the shared
+    weights of the chains); ``stacked[c]`` the stacked placeholder weights of chain ``c``.
+    """
+    from maxjax.graph.ops._core import concretize
+
+    if graph._outputs is None:
+        raise ValueError(f"Graph {graph.name!r} has no output yet: call graph.output(...)")
+    env = graph.bind_dims([a.shape for a in args])
+    in_chain: dict[int, tuple[int, int]] = {}
+    for c, chain in enumerate(chains):
+        for i, n in enumerate(chain.nodes):
+            in_chain[n.id] = (c, i)
+    vals: list[Any] = [None] * len(graph._nodes)
+
+    def arg(x: Any) -> Any:
+        return vals[x._node.id][x._index] if isinstance(x, TensorValue) else x
+
+    for node in graph._nodes:
+        kind = node.kind
+        if node.id in in_chain:
+            c, i = in_chain[node.id]
+            chain = chains[c]
+            if i < len(chain.nodes) - 1:
+                continue
+            caller_key = chain.nodes[0].extra.caller._weight_key
+            shared = {k: weights[caller_key(k)[0]] for k in chain_shared_keys(chain)}
+            first_args = [arg(a) for a in chain.nodes[0].args]
+            xs_args = [[arg(n.args[j]) for j in chain.xs_positions] for n in chain.nodes]
+            last_out, ys = run_chain(chain, stacked[c], shared, first_args, xs_args, remat)
+            ys_pos = chain.ys_positions
+            for i2, n in enumerate(chain.nodes[:-1]):
+                out = [None] * len(n.out_avals)
+                for k, y in zip(ys_pos, ys):
+                    out[k] = y[i2]
+                vals[n.id] = out
+            vals[node.id] = last_out
+            continue
+        if kind == "op":
+            a = [arg(x) for x in node.args]
+            out = node.fn(*a, **concretize(node.static, env)) if node.static else node.fn(*a)
+            vals[node.id] = jax.tree.leaves(out) if node.treedef is not None else [out]
+        elif kind == "input":
+            vals[node.id] = [args[node.extra]]
+        elif kind == "weight":
+            vals[node.id] = [weights[node.extra.key]]
+        elif kind == "const":
+            vals[node.id] = [node.extra]
+        elif kind == "call":
+            vals[node.id] = node.extra.run(weights, [arg(x) for x in node.args])
+        else:  # pragma: no cover
+            raise AssertionError(kind)
+    return [arg(o) for o in graph._outputs]
