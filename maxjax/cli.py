@@ -1,0 +1,205 @@
+"""The ``maxjax`` command line.
+
+Each subcommand is one :class:`Subcommand` in :data:`SUBCOMMANDS`: a function that adds its
+arguments to an ``argparse`` parser and a function that runs it (returning the exit status). On
+bad input a subcommand raises ``ValueError``/``OSError`` (or :class:`CLIError`); :func:`main`
+prints a one-line error to stderr and exits with status 1, without a traceback.
+
+    maxjax inspect model.gguf                 # metadata and every tensor, like gguf-dump
+    maxjax inspect model.safetensors --filter 'layers\\.0\\.'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+__all__ = ["main", "CLIError", "Subcommand", "SUBCOMMANDS", "build_parser"]
+
+
+class CLIError(Exception):
+    """A user error a subcommand reports as one line (exit status 1)."""
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """One ``maxjax`` subcommand: its name, one-line help, argument setup and runner."""
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+# -- inspect ---------------------------------------------------------------------------------------
+
+
+def _inspect_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="a .gguf or .safetensors file, a *.safetensors.index.json, or a checkpoint directory "
+        "(orbax, or safetensors shards); each PATH is shown on its own",
+    )
+    p.add_argument("--filter", metavar="REGEX", help="only tensors whose name matches REGEX (re.search)")
+    p.add_argument("--no-metadata", action="store_true", help="leave out the metadata table")
+    p.add_argument("--max-items", type=int, default=8, metavar="N", help="array items shown per metadata value (default 8)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    return str(n)  # pragma: no cover
+
+
+def _show_value(value: Any, max_items: int) -> str:
+    if isinstance(value, (list, tuple)):
+        kinds = sorted({type(v).__name__ for v in value})
+        head = ", ".join(_show_value(v, max_items) for v in value[:max_items])
+        more = f", ... ({len(value)} items)" if len(value) > max_items else ""
+        return f"[{head}{more}]" + (f"  <{len(value)} x {'|'.join(kinds)}>" if len(value) > max_items else "")
+    if isinstance(value, str):
+        one = value.replace("\n", "\\n")
+        return repr(one if len(one) <= 200 else one[:200] + "...")
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    return str(value)
+
+
+def _json_value(value: Any, max_items: int) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v, max_items) for v in value[:max_items]] + (
+            [f"... ({len(value)} items)"] if len(value) > max_items else []
+        )
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """``maxjax inspect PATH...``: metadata and every tensor (name, shape, dtype/encoding, bytes)."""
+    from maxjax.graph.weights import load_weights, summarize
+
+    try:
+        pattern = re.compile(args.filter) if args.filter else None
+    except re.error as e:
+        raise CLIError(f"--filter: invalid regular expression {args.filter!r}: {e}") from None
+    if args.max_items < 0:
+        raise CLIError("--max-items must be >= 0")
+    reports = []
+    for path in args.paths:
+        weights = load_weights([path])
+        summary = summarize(weights)
+        tensors = [t for t in summary.tensors if pattern is None or pattern.search(t.name)]
+        reports.append((path, summary, tensors))
+    if args.json:
+        out = []
+        for path, s, tensors in reports:
+            out.append(
+                {
+                    "path": path,
+                    "format": s.format,
+                    "files": s.files,
+                    "metadata": {} if args.no_metadata else {k: _json_value(v, args.max_items) for k, v in s.metadata.items()},
+                    "tensors": [
+                        {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "encoding": t.encoding, "bytes": t.nbytes}
+                        for t in tensors
+                    ],
+                }
+            )
+        print(json.dumps(out if len(out) > 1 else out[0], indent=1))
+        return 0
+    from rich.table import Table
+
+    console = _console()
+    for path, s, tensors in reports:
+        size = sum(os.path.getsize(f) for f in s.files if os.path.isfile(f))
+        console.print(f"[bold]{path}[/bold]: {s.format}, {len(s.files)} file(s), {len(s.tensors)} tensors")
+        if not args.no_metadata and s.metadata:
+            meta = Table(title="metadata", title_justify="left", show_lines=False)
+            meta.add_column("key", no_wrap=True)
+            meta.add_column("value", overflow="fold")
+            for k, v in s.metadata.items():
+                meta.add_row(k, _show_value(v, args.max_items))
+            console.print(meta)
+        table = Table(title="tensors", title_justify="left")
+        table.add_column("#", justify="right")
+        table.add_column("name", no_wrap=True)
+        table.add_column("shape", no_wrap=True)
+        table.add_column("dtype / encoding", no_wrap=True)
+        table.add_column("bytes", justify="right")
+        for i, t in enumerate(tensors):
+            table.add_row(str(i), t.name, "[" + ", ".join(str(d) for d in t.shape) + "]", t.encoding or t.dtype, f"{t.nbytes:,}")
+        console.print(table)
+        shown = sum(t.nbytes for t in tensors)
+        files = f"; file(s) {_human(size)}" if size else ""
+        console.print(f"{len(tensors)} tensor(s) shown, {_human(shown)} of tensor data{files}")
+    return 0
+
+
+#: The subcommands, in the order ``maxjax --help`` lists them.
+SUBCOMMANDS: list[Subcommand] = [
+    Subcommand("inspect", "list a checkpoint's metadata and tensors (GGUF, safetensors, orbax)", _inspect_arguments, cmd_inspect),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``maxjax`` argument parser, one sub-parser per entry of :data:`SUBCOMMANDS`."""
+    parser = argparse.ArgumentParser(prog="maxjax", description="maxjax: MAX's Python API on JAX")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for cmd in SUBCOMMANDS:
+        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        cmd.configure(p)
+        p.set_defaults(_run=cmd.run)
+    return parser
+
+
+def _one_line(e: BaseException) -> str:
+    text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+    text = " ".join(str(text).split())
+    return text or type(e).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs ``maxjax`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    0: success; 1: bad input (a one-line error on stderr); 2: bad usage (argparse's message).
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run = getattr(args, "_run", None)
+    if run is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(run(args) or 0)
+    except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:  # pragma: no cover
+            pass
+        return 0
+    except (CLIError, ValueError, OSError, KeyError) as e:
+        print(f"maxjax {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

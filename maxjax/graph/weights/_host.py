@@ -1,0 +1,171 @@
+"""From bytes of a memory-mapped file to a device array, with one copy and little memory.
+
+Both readers (safetensors, GGUF) keep each file memory-mapped; :func:`to_device` turns the bytes
+of one tensor into a ``jax.Array`` on the default device:
+
+- copy (the default): the bytes are copied once, in chunks, into a fresh 64-byte aligned host
+  buffer that the CPU backend then adopts without a second copy; after each chunk the file's
+  pages are dropped from this process's resident set (``madvise(MADV_DONTNEED)``; they stay in
+  the OS page cache). Peak memory is the arrays plus one chunk, and the arrays no longer depend
+  on the file.
+- ``zero_copy=True`` (CPU only): the array *is* the mapped file (JAX adopts read-only, 64-byte
+  aligned host memory without copying). Nothing is read until the array is used and pages can
+  be evicted under memory pressure, but the file must not be modified or truncated while such
+  arrays live: the OS then kills the process with SIGBUS.
+
+Dtypes that JAX cannot hold exactly (64-bit kinds without ``jax_enable_x64``) come back as a
+read-only NumPy array instead, so no value is silently narrowed.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+__all__ = ["MappedFile", "to_device", "jax_holds_exactly"]
+
+_ALIGN = 64  # JAX's CPU client adopts host buffers aligned to 64 bytes without copying
+_CHUNK = 8 << 20  # bytes copied between two releases of the file's pages
+_PAGE = mmap.PAGESIZE
+
+
+class MappedFile:
+    """A read-only memory map of one file, seen as a flat ``uint8`` NumPy array.
+
+    Args:
+        path: the file (only used in messages).
+        array: the whole file as a read-only ``uint8`` array backed by the map.
+        mm: the ``mmap.mmap`` behind ``array`` (for releasing pages), or None.
+    """
+
+    __slots__ = ("path", "array", "_mm")
+
+    def __init__(self, path: str, array: np.ndarray, mm: mmap.mmap | None = None):
+        self.path = path
+        self.array = array
+        self._mm = mm
+
+    @classmethod
+    def open(cls, path: str) -> "MappedFile":
+        """Maps ``path`` read-only (an empty file gives an empty array).
+
+        Raises:
+            OSError: the file cannot be opened or mapped.
+        """
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            if size == 0:
+                return cls(path, np.zeros(0, np.uint8), None)
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return cls(path, np.frombuffer(mm, dtype=np.uint8), mm)
+
+    @classmethod
+    def from_memmap(cls, path: str, memmap: np.ndarray) -> "MappedFile":
+        """Wraps a ``numpy.memmap`` of a whole file (as ``gguf.GGUFReader.data`` is)."""
+        return cls(path, memmap.view(np.ndarray), getattr(memmap, "_mmap", None))
+
+    @property
+    def size(self) -> int:
+        return int(self.array.shape[0])
+
+    def view(self, offset: int, nbytes: int) -> np.ndarray:
+        """The bytes ``[offset, offset + nbytes)`` as a read-only ``uint8`` view (no copy)."""
+        if offset < 0 or offset + nbytes > self.size:
+            raise ValueError(
+                f"{self.path}: bytes [{offset}, {offset + nbytes}) are outside the file ({self.size} bytes)"
+            )
+        return self.array[offset : offset + nbytes]
+
+    def release(self, offset: int, nbytes: int) -> None:
+        """Drops the whole pages of ``[offset, offset + nbytes)`` from this process's resident set.
+
+        The data stays in the page cache and is read again (from there) if touched.
+        """
+        mm = self._mm
+        advice = getattr(mmap, "MADV_DONTNEED", None)
+        if mm is None or advice is None or mm.closed:
+            return
+        start = -(-offset // _PAGE) * _PAGE
+        stop = (offset + nbytes) // _PAGE * _PAGE
+        if stop > start:
+            try:
+                mm.madvise(advice, start, stop - start)
+            except (OSError, ValueError):  # pragma: no cover - best effort
+                pass
+
+    def close(self) -> None:
+        """Unmaps the file, unless arrays still use the map (it then goes when they do)."""
+        mm, self._mm = self._mm, None
+        self.array = np.zeros(0, np.uint8)
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                pass
+
+
+def jax_holds_exactly(dtype: np.dtype) -> bool:
+    """True when JAX keeps ``dtype`` as it is (False for 64-bit kinds unless x64 is enabled)."""
+    try:
+        return jax.dtypes.canonicalize_dtype(dtype) == dtype
+    except TypeError:
+        return False
+
+
+def _aligned_empty(nbytes: int) -> np.ndarray:
+    buf = np.empty(nbytes + _ALIGN, np.uint8)
+    start = (-buf.ctypes.data) % _ALIGN
+    return buf[start : start + nbytes]
+
+
+def _default_is_cpu() -> bool:
+    return jax.devices()[0].platform == "cpu"
+
+
+def to_device(
+    mapped: MappedFile,
+    offset: int,
+    dtype: np.dtype,
+    shape: Sequence[int],
+    *,
+    zero_copy: bool = False,
+) -> Any:
+    """The tensor of ``dtype``/``shape`` stored at byte ``offset`` of ``mapped``.
+
+    Returns a ``jax.Array`` on the default device, or a read-only ``numpy.ndarray`` for dtypes JAX
+    would narrow (see the module docstring for the copy and zero-copy modes).
+
+    Raises:
+        ValueError: the bytes are outside the file.
+    """
+    dtype = np.dtype(dtype)
+    shape = tuple(int(d) for d in shape)
+    nbytes = math.prod(shape) * dtype.itemsize
+    src = mapped.view(offset, nbytes)
+    exact = jax_holds_exactly(dtype.newbyteorder("="))
+    if not dtype.isnative:  # pragma: no cover - big-endian hosts only: always byte-swap a copy
+        zero_copy = False
+    if exact and zero_copy and _default_is_cpu():
+        return jax.device_put(src.view(dtype).reshape(shape))
+    if exact and dtype.isnative and not _default_is_cpu():
+        out = jax.device_put(src.view(dtype).reshape(shape))  # one host-to-device copy
+        out.block_until_ready()
+        mapped.release(offset, nbytes)
+        return out
+    dst = _aligned_empty(nbytes)
+    for start in range(0, nbytes, _CHUNK):
+        stop = min(start + _CHUNK, nbytes)
+        np.copyto(dst[start:stop], src[start:stop])
+        mapped.release(offset + start, stop - start)
+    host = dst.view(dtype)
+    if not dtype.isnative:  # pragma: no cover - big-endian hosts only
+        host = host.astype(dtype.newbyteorder("="))
+    host = host.reshape(shape)
+    host.flags.writeable = False
+    if exact:
+        return jax.device_put(host)  # adopts the aligned read-only buffer: no second copy
+    return host

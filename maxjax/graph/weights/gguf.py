@@ -1,0 +1,380 @@
+"""``GGUFWeights``: Weights from a GGUF file, read by the ``gguf`` package (MAX's class of that name).
+
+The file is parsed by ``gguf.GGUFReader`` (which memory-maps it); maxjax adds two checks to the
+reader so that a bad file raises :class:`~maxjax.graph.weights.errors.WeightsFileError` naming the
+file and what is wrong, instead of an ``IndexError``, a garbage array or an endless loop:
+
+- every header read is bounds-checked (a length field that lies about sizes is reported with the
+  byte offset it points past);
+- every tensor's type is known and its data lies inside the file and at the file's alignment
+  (checked before the reader builds its arrays, naming the tensor).
+
+Names are the file's (``blk.0.attn_q.weight``). Shapes are row-major: GGUF lists dimensions
+fastest-first, so ``ne = [576, 1536]`` is the ``[1536, 576]`` matrix. F32/F16/F64/I8..I64 tensors
+load as they are; BF16 tensors (which the reader exposes as raw bytes) are reinterpreted as
+``bfloat16`` (MAX gets this wrong: modular/modular#6660); quantized tensors stay packed: ``uint8
+[rows, bytes_per_row]`` with their :class:`~maxjax.graph.quantization.QuantizationEncoding` and the
+float ``original_shape`` (the file's size in memory; dequantized where they are used).
+
+Opening a GGUF runs the package's parser over all metadata (about 4 s for SmolLM2's 49k-token
+vocabulary), so readers are cached per file (by path, inode, size and modification time): opening
+the same unchanged file again reuses its reader and its one memory map.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import threading
+from collections import OrderedDict
+from typing import Any, Iterable
+
+import gguf
+import numpy as np
+
+from maxjax.dtype import DType
+from maxjax.graph.quantization import QuantizationEncoding
+from maxjax.graph.type import DeviceRef, Shape
+from maxjax.graph.weight import Weight
+from maxjax.graph.graph import did_you_mean
+from maxjax.graph.weights._host import MappedFile, to_device
+from maxjax.graph.weights.errors import WeightsFileError
+from maxjax.graph.weights.protocol import HierarchicalWeights, WeightsStore, check_request, select_prefix
+from maxjax.graph.weights.summary import TensorInfo
+from maxjax.graph.weights.weight_data import WeightData, _wrap_loaded
+
+__all__ = ["GGUFWeights", "open_gguf", "GGUF_PLAIN_DTYPES", "clear_reader_cache"]
+
+_T = gguf.GGMLQuantizationType
+#: GGML tensor types stored as plain arrays -> DType.
+GGUF_PLAIN_DTYPES: dict[gguf.GGMLQuantizationType, DType] = {
+    _T.F32: DType.float32,
+    _T.F16: DType.float16,
+    _T.F64: DType.float64,
+    _T.BF16: DType.bfloat16,
+    _T.I8: DType.int8,
+    _T.I16: DType.int16,
+    _T.I32: DType.int32,
+    _T.I64: DType.int64,
+}
+
+
+class _Problem(Exception):
+    """A defect found while the reader parses the file (message only; the path is added later)."""
+
+
+class _CheckedReader(gguf.GGUFReader):
+    """``gguf.GGUFReader`` with bounds checks on header reads and tensor data (see module doc).
+
+    ``data`` is a plain ``ndarray`` view of the reader's ``numpy.memmap`` (kept as ``memmap``):
+    slicing a memmap subclass costs about three times as much, and the parser slices it hundreds
+    of thousands of times for a large vocabulary.
+    """
+
+    @property
+    def data(self) -> np.ndarray:  # type: ignore[override]
+        return self._plain
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:
+        self.memmap = value
+        self._plain = value.view(np.ndarray) if isinstance(value, np.memmap) else value
+
+    def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> np.ndarray:
+        offset, count = int(offset), int(count)
+        itemsize = np.dtype(dtype).itemsize
+        size = int(self.data.shape[0])
+        if offset < 0 or count < 0 or offset + itemsize * count > size:
+            raise _Problem(
+                f"truncated or corrupted header: reading {count} x {np.dtype(dtype).name} "
+                f"({itemsize * count} bytes) at offset {offset} goes past the end of the file ({size} bytes)"
+            )
+        return super()._get(offset, dtype, count, override_order)
+
+    def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+        size = int(self.data.shape[0])
+        align = int(self.alignment)
+        for fld in fields:
+            _, name_data, _, dims, raw_dtype, offset_tensor = fld.parts
+            name = bytes(name_data).decode("utf-8", errors="replace")
+            raw = int(raw_dtype[0])
+            try:
+                qtype = gguf.GGMLQuantizationType(raw)
+                block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+            except (ValueError, KeyError):
+                raise _Problem(f"tensor {name!r} has unknown GGML tensor type {raw}") from None
+            ne = [int(d) for d in dims]
+            shape = list(reversed(ne))
+            if ne and ne[0] % block:
+                raise _Problem(
+                    f"tensor {name!r} ({qtype.name} {shape}): rows of {ne[0]} elements are not a whole "
+                    f"number of {block}-element blocks"
+                )
+            nbytes = math.prod(ne) * type_size // block
+            rel = int(offset_tensor[0])
+            start = int(start_offs) + rel
+            if rel % align:
+                raise _Problem(f"tensor {name!r}: data offset {rel} is not a multiple of the file's alignment {align}")
+            if start + nbytes > size:
+                raise _Problem(
+                    f"tensor {name!r} ({qtype.name} {shape}, {nbytes} bytes at offset {start}) extends past the "
+                    f"end of the file ({size} bytes): the file is truncated or its header is corrupted"
+                )
+        super()._build_tensors(start_offs, fields)
+
+
+def _explain(path: str, e: BaseException) -> str:
+    if isinstance(e, _Problem):
+        return str(e)
+    msg = str(e)
+    if msg == "GGUF magic invalid":
+        with open(path, "rb") as f:
+            head = f.read(4)
+        return f"not a GGUF file: it starts with {head!r}, a GGUF file starts with b'GGUF'"
+    m = re.search(r"version (\d+)", msg)
+    if m and "handle" in msg:
+        from gguf.gguf_reader import READER_SUPPORTED_VERSIONS
+
+        return (
+            f"unsupported GGUF version {m.group(1)} (the gguf package reads versions "
+            f"{', '.join(str(v) for v in READER_SUPPORTED_VERSIONS)})"
+        )
+    if "GGUFValueType" in msg:
+        return f"corrupted metadata: {msg}"
+    return f"cannot read the GGUF header: {type(e).__name__}: {msg}"
+
+
+_CACHE: "OrderedDict[tuple[Any, ...], tuple[gguf.GGUFReader, MappedFile]]" = OrderedDict()
+_CACHE_SIZE = 4
+_LOCK = threading.Lock()
+
+
+def clear_reader_cache() -> None:
+    """Forgets the cached readers (their maps close once no array uses them)."""
+    with _LOCK:
+        _CACHE.clear()
+
+
+def open_gguf(path: str | os.PathLike[str]) -> tuple[gguf.GGUFReader, MappedFile]:
+    """The (cached) checked ``gguf.GGUFReader`` of ``path`` and its memory map.
+
+    Raises:
+        WeightsFileError: missing, empty, truncated or corrupted file; unknown version or tensor type.
+    """
+    path = os.fspath(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise WeightsFileError(path, "no such file") from None
+    except OSError as e:
+        raise WeightsFileError(path, f"cannot open: {e.strerror or e}") from None
+    if os.path.isdir(path):
+        raise WeightsFileError(path, "is a directory, not a GGUF file")
+    if st.st_size == 0:
+        raise WeightsFileError(path, "is empty (0 bytes), not a GGUF file")
+    key = (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    with _LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+            return hit
+    try:
+        reader = _CheckedReader(path, "r")
+    except OSError as e:
+        raise WeightsFileError(path, f"cannot open: {e.strerror or e}") from None
+    except Exception as e:
+        raise WeightsFileError(path, _explain(path, e)) from None
+    entry = (reader, MappedFile.from_memmap(path, reader.memmap))
+    with _LOCK:
+        _CACHE[key] = entry
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return entry
+
+
+def _field_value(field: Any) -> Any:
+    try:
+        value = field.contents()
+    except Exception:  # pragma: no cover - a field the package cannot decode
+        return None
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+class GGUFStore(WeightsStore):
+    """The tensors of one GGUF file."""
+
+    kind = "GGUF file"
+    format_name = "gguf"
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | gguf.GGUFReader,
+        *,
+        tensors: Iterable[str] | None = None,
+        allocated: dict[str, Any] | None = None,
+        zero_copy: bool = False,
+    ):
+        super().__init__(allocated)
+        if isinstance(source, gguf.GGUFReader):
+            self.reader = source
+            memmap = getattr(source, "memmap", source.data)
+            self.path = str(getattr(memmap, "filename", None) or "<GGUFReader>")
+            self.mapped = MappedFile.from_memmap(self.path, memmap)
+        else:
+            self.path = os.fspath(source)
+            self.reader, self.mapped = open_gguf(self.path)
+        self.zero_copy = zero_copy
+        self.tensors = {t.name: t for t in self.reader.tensors}
+        if tensors is not None:
+            keep = set(tensors)
+            unknown = sorted(keep - set(self.tensors))
+            if unknown:
+                raise ValueError(f"tensors names weights that are not in {self.path}: {unknown[:5]}")
+            self.tensors = {k: v for k, v in self.tensors.items() if k in keep}
+        self._metadata: dict[str, Any] | None = None
+
+    # -- WeightsStore ------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        return list(self.tensors)
+
+    def describe(self) -> str:
+        return f"GGUF file ({self.path})"
+
+    def missing(self, name: str) -> KeyError:
+        if not name:
+            return super().missing(name)
+        names = self.sorted_names()
+        under = select_prefix(names, name)
+        if under:
+            hint = f" ({name!r} is a prefix of {len(under)} weight(s), e.g. {under[0]!r}; use .items() to list them.)"
+        else:
+            hint = did_you_mean(name, names)
+        return KeyError(f"Could not find weight named {name} in {self.path}. Please check that the name is correct.{hint}")
+
+    def layout(self, name: str) -> tuple[DType, np.dtype, tuple[int, ...], QuantizationEncoding | None, tuple[int, ...]]:
+        """``(dtype, numpy dtype to read, stored shape, encoding, logical shape)`` of a tensor.
+
+        Raises:
+            WeightsFileError: a tensor type maxjax cannot load (names it and the supported ones).
+        """
+        t = self.tensors[name]
+        logical = tuple(int(d) for d in reversed(t.shape.tolist()))
+        swapped = self.reader.byte_order == "S"
+        plain = GGUF_PLAIN_DTYPES.get(t.tensor_type)
+        if plain is not None:
+            np_dtype = plain.to_numpy().newbyteorder("S") if swapped else plain.to_numpy()
+            return plain, np_dtype, logical, None, logical
+        try:
+            enc = QuantizationEncoding.from_gguf(t.tensor_type)
+        except ValueError:
+            supported = [e.value for e in QuantizationEncoding if e.is_gguf] + [k.name for k in GGUF_PLAIN_DTYPES]
+            raise WeightsFileError(
+                self.path,
+                f"tensor {name!r} uses GGML type {t.tensor_type.name}, which maxjax cannot load "
+                f"(supported: {', '.join(supported)})",
+            ) from None
+        if swapped:
+            raise WeightsFileError(
+                self.path, f"tensor {name!r}: quantized tensors of a byte-swapped (big-endian) GGUF are not supported"
+            )
+        bpe, bsize = enc.block_parameters
+        rows = math.prod(logical[:-1]) if len(logical) > 1 else 1
+        packed = (rows, logical[-1] // bpe * bsize)
+        return DType.uint8, np.dtype(np.uint8), packed, enc, logical
+
+    def load(self, name: str) -> WeightData:
+        dtype, np_dtype, shape, enc, logical = self.layout(name)
+        t = self.tensors[name]
+        data = to_device(self.mapped, int(t.data_offset), np_dtype, shape, zero_copy=self.zero_copy)
+        return WeightData(
+            _wrap_loaded(data), name, dtype, Shape(shape), enc, Shape(logical) if enc is not None else None
+        )
+
+    def make_weight(
+        self,
+        name: str,
+        wd: WeightData,
+        dtype: DType | None,
+        shape: Iterable[Any] | None,
+        quantization_encoding: Any,
+        device: DeviceRef,
+    ) -> Weight:
+        if quantization_encoding is not None and quantization_encoding != wd.quantization_encoding:
+            have = "not quantized" if wd.quantization_encoding is None else wd.quantization_encoding.value
+            raise ValueError(
+                f"Weight {name!r} in {self.path} is {have}, but quantization_encoding={quantization_encoding} "
+                "was requested"
+            )
+        check_request(name, wd, dtype, shape)
+        return Weight(name, wd.dtype, wd.shape, device, wd.quantization_encoding, align=1)
+
+    def infos(self) -> list[TensorInfo]:
+        out = []
+        for name in self.sorted_names():
+            t = self.tensors[name]
+            logical = tuple(int(d) for d in reversed(t.shape.tolist()))
+            plain = GGUF_PLAIN_DTYPES.get(t.tensor_type)
+            dtype = plain.name if plain is not None else "uint8"
+            enc = None if plain is not None else t.tensor_type.name
+            out.append(TensorInfo(name, logical, dtype, enc, int(t.n_bytes), self.path, int(t.data_offset)))
+        return out
+
+    def file_list(self) -> list[str]:
+        return [self.path]
+
+    def file_metadata(self) -> dict[str, Any]:
+        if self._metadata is None:
+            self._metadata = {k: _field_value(f) for k, f in self.reader.fields.items()}
+        return self._metadata
+
+
+class GGUFWeights(HierarchicalWeights):
+    """Weights from a GGUF file (MAX's ``GGUFWeights``).
+
+    Args:
+        source: the file's path, or an open ``gguf.GGUFReader``.
+        tensors: if given, only these tensor names are visible.
+        prefix: the hierarchical name of this view (``""``: the root).
+        allocated: the dict that collects allocated data (shared by every view).
+        zero_copy: on the CPU, let arrays alias the mapped file instead of copying it (see
+            :mod:`maxjax.graph.weights._host`).
+
+    ``data()`` of a quantized tensor is ``uint8 [rows, bytes_per_row]`` with
+    ``quantization_encoding`` and the float ``original_shape``; of other tensors, the array in
+    row-major shape. ``metadata`` gives the file's key/value fields.
+
+    Raises:
+        WeightsFileError: a missing, empty, truncated or corrupted file, an unknown GGUF version or
+            tensor type (the message names the file, and the tensor or byte offset).
+    """
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | gguf.GGUFReader,
+        tensors: Iterable[str] | None = None,
+        prefix: str = "",
+        allocated: dict[str, Any] | None = None,
+        *,
+        zero_copy: bool = False,
+    ):
+        super().__init__(GGUFStore(source, tensors=tensors, allocated=allocated, zero_copy=zero_copy), prefix)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The file's key/value fields as Python values (``{"llama.block_count": 30, ...}``)."""
+        return self._store.file_metadata()
+
+    @property
+    def reader(self) -> gguf.GGUFReader:
+        """The underlying ``gguf.GGUFReader``."""
+        return self._store.reader
+
+    @property
+    def path(self) -> str:
+        """The GGUF file's path."""
+        return self._store.path
