@@ -249,7 +249,7 @@ class GGUFStore(WeightsStore):
         names = self.sorted_names()
         under = select_prefix(names, name)
         if under:
-            hint = f" ({name!r} is a prefix of {len(under)} weight(s), e.g. {under[0]!r}; use .items() to list them.)"
+            hint = f" It is a prefix of {len(under)} weight(s), e.g. {under[0]!r}: use .items() to list them."
         else:
             hint = did_you_mean(name, names)
         return KeyError(f"Could not find weight named {name} in {self.path}. Please check that the name is correct.{hint}")
