@@ -23,8 +23,11 @@ from maxjax.graph.quantization import (
     BlockParameters,
     QuantizationConfig,
     QuantizationEncoding,
+    RepackedWeight,
     dequantize,
     quantized_matmul,
+    repack,
+    repacked_matmul,
 )
 
 E = QuantizationEncoding
@@ -378,3 +381,75 @@ def test_quantized_matmul_errors():
         jax.ShapeDtypeStruct((4, 36), jnp.uint8),
     )
     assert spec.shape[1] == 4
+
+
+# --------------------------------------------------------------------------------------------
+# repack / repacked_matmul.
+
+SIGNED = {E.Q4_0, E.Q5_0, E.Q8_0, E.Q6_K}
+
+
+@pytest.mark.parametrize("encoding", GGUF_ENCODINGS, ids=lambda e: e.value)
+@settings(max_examples=6, deadline=None)
+@given(rows=st.integers(1, 3), blocks=st.integers(1, 2), seed=st.integers(0, 2**32 - 1))
+def test_repack_is_bit_identical(encoding, rows, blocks, seed):
+    packed = random_blocks(encoding, rows, blocks, seed)
+    r = repack(encoding, packed)
+    cols = blocks * encoding.elements_per_block
+    group = 16 if encoding is E.Q6_K else 32
+    assert isinstance(r, RepackedWeight)
+    assert r.values.shape == (rows, cols) and r.shape == (rows, cols)
+    assert r.values.dtype == (jnp.int8 if encoding in SIGNED else jnp.uint8)
+    assert r.scale.shape == (rows, cols // group) and r.scale.dtype == jnp.float32 and r.group == group
+    if encoding in SIGNED:
+        assert r.offset is None
+    else:
+        assert r.offset.shape == r.scale.shape and r.offset.dtype == jnp.float32
+    assert_bitwise_equal(r.dequantize(), reference(encoding, packed))
+
+
+def test_repack_real_weights_and_stacked_layers(smollm2):
+    names = [f"blk.{i}.attn_k.weight" for i in range(3)]
+    stacked = np.stack([np.asarray(_tensor(smollm2, n).data) for n in names])  # [3, 192, 360]
+    r = jax.jit(jax.vmap(lambda w: repack(E.Q4_1, w)))(stacked)
+    assert r.values.shape == (3, 192, 576) and r.scale.shape == (3, 192, 18)
+    assert len(jax.tree.leaves(r)) == 3
+    for i in range(3):
+        layer = jax.tree.map(lambda a: a[i], r)
+        assert_bitwise_equal(layer.dequantize(), reference(E.Q4_1, stacked[i]))
+    emb = np.asarray(_tensor(smollm2, "token_embd.weight").data)[:64]
+    r8 = repack(E.Q8_0, emb)
+    assert r8.offset is None and len(jax.tree.leaves(r8)) == 2
+    assert_bitwise_equal(r8.dequantize(), reference(E.Q8_0, emb))
+
+
+def test_repack_abstract():
+    spec = jax.ShapeDtypeStruct((7, 2 * 210), jnp.uint8)
+    r = jax.eval_shape(lambda w: repack(E.Q6_K, w), spec)
+    assert r.values.shape == (7, 512) and r.values.dtype == jnp.int8 and r.scale.shape == (7, 32)
+    with pytest.raises(ValueError, match="multiple of the Q6_K block size"):
+        repack(E.Q6_K, np.zeros((2, 200), np.uint8))
+
+
+@pytest.mark.parametrize("encoding", GGUF_ENCODINGS, ids=lambda e: e.value)
+def test_repacked_matmul_matches_dequantize_then_matmul(encoding):
+    rng = np.random.default_rng(1)
+    blocks = 2 if encoding.elements_per_block == 256 else 6
+    packed = random_blocks(encoding, 24, blocks, 11)
+    x = rng.standard_normal((2, 3, blocks * encoding.elements_per_block)).astype(np.float32)
+    r = repack(encoding, packed)
+    got = jax.jit(repacked_matmul)(x, r)
+    assert got.shape == (2, 3, 24) and got.dtype == jnp.float32
+    expected = x.astype(np.float64) @ reference(encoding, packed).astype(np.float64).T
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+    np.testing.assert_allclose(got, quantized_matmul(x, packed, encoding), rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
+def test_repacked_matmul_errors():
+    r = repack(E.Q4_0, np.zeros((4, 36), np.uint8))
+    with pytest.raises(ValueError, match="x has 32 features .* but the weight has 64 columns"):
+        repacked_matmul(np.zeros((1, 32), np.float32), r)
+    with pytest.raises(ValueError, match="x must be float32"):
+        repacked_matmul(np.zeros((1, 64), np.float64), r)
+    with pytest.raises(ValueError, match="expected a RepackedWeight, got ndarray"):
+        repacked_matmul(np.zeros((1, 64), np.float32), np.zeros((4, 36), np.uint8))

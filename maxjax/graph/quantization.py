@@ -39,8 +39,11 @@ __all__ = [
     "BlockParameters",
     "QuantizationConfig",
     "QuantizationEncoding",
+    "RepackedWeight",
     "dequantize",
     "quantized_matmul",
+    "repack",
+    "repacked_matmul",
 ]
 
 QK_K = 256  # elements per super-block of the k-quants
@@ -326,6 +329,79 @@ _DEQUANTIZERS: dict[QuantizationEncoding, Callable[[jax.Array], jax.Array]] = {
 
 
 # ----------------------------------------------------------------------------------------------
+# The same formats split into (values, scale, offset) per group of 32 (16 for Q6_K), so that
+# ``w = scale * values + offset`` (no offset for the symmetric formats) with the very float32
+# operations of the dequantizers above: see :func:`repack`.
+
+
+def _parts_q4_0(b: jax.Array):
+    q = _nibbles(b[..., 2:18]).reshape(*b.shape[:-1], 1, 32)
+    return q.astype(jnp.int8) - jnp.int8(8), _f16(b[..., 0:2])[..., None], None
+
+
+def _parts_q4_1(b: jax.Array):
+    q = _nibbles(b[..., 4:20]).reshape(*b.shape[:-1], 1, 32)
+    return q, _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]
+
+
+def _parts_q5_0(b: jax.Array):
+    ql = _nibbles(b[..., 6:22]).reshape(*b.shape[:-1], 32)
+    q = (ql | (_qh32(b[..., 2:6]) << _u8(4))).astype(jnp.int8) - jnp.int8(16)
+    return q[..., None, :], _f16(b[..., 0:2])[..., None], None
+
+
+def _parts_q5_1(b: jax.Array):
+    ql = _nibbles(b[..., 8:24]).reshape(*b.shape[:-1], 32)
+    q = ql | (_qh32(b[..., 4:8]) << _u8(4))
+    return q[..., None, :], _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]
+
+
+def _parts_q8_0(b: jax.Array):
+    q = lax.bitcast_convert_type(b[..., 2:34], jnp.int8)
+    return q[..., None, :], _f16(b[..., 0:2])[..., None], None
+
+
+def _k_scales(b: jax.Array) -> tuple[jax.Array, jax.Array]:
+    sc, mn = _k_scale_min(b[..., 4:16])
+    # offset = -(dmin * m): adding it is bit-identical to subtracting dmin * m
+    return _f16(b[..., 0:2])[..., None] * _f32(sc), -(_f16(b[..., 2:4])[..., None] * _f32(mn))
+
+
+def _parts_q4_k(b: jax.Array):
+    lead = b.shape[:-1]
+    q = _nibbles_stacked(b[..., 16:144].reshape(*lead, 4, 32)).reshape(*lead, 8, 32)
+    return (q, *_k_scales(b))
+
+
+def _parts_q5_k(b: jax.Array):
+    lead = b.shape[:-1]
+    ql = _nibbles_stacked(b[..., 48:176].reshape(*lead, 4, 32)).reshape(*lead, 8, 32)
+    q = ql | (_bits(b[..., 16:48], list(range(8)), 0x01) << _u8(4))
+    return (q, *_k_scales(b))
+
+
+def _parts_q6_k(b: jax.Array):
+    lead = b.shape[:-1]
+    ql = _nibbles(b[..., 0:128].reshape(*lead, 2, 64)).reshape(*lead, 8, 32)
+    qh = _bits_stacked(b[..., 128:192].reshape(*lead, 2, 32), [0, 2, 4, 6], 0x03).reshape(*lead, 8, 32)
+    q = ((ql | (qh << _u8(4))).astype(jnp.int8) - jnp.int8(32)).reshape(*lead, 16, 16)
+    scale = _f16(b[..., 208:210])[..., None] * _f32(lax.bitcast_convert_type(b[..., 192:208], jnp.int8))
+    return q, scale, None
+
+
+_PARTS = {
+    _E.Q4_0: _parts_q4_0,
+    _E.Q4_1: _parts_q4_1,
+    _E.Q5_0: _parts_q5_0,
+    _E.Q5_1: _parts_q5_1,
+    _E.Q8_0: _parts_q8_0,
+    _E.Q4_K: _parts_q4_k,
+    _E.Q5_K: _parts_q5_k,
+    _E.Q6_K: _parts_q6_k,
+}
+
+
+# ----------------------------------------------------------------------------------------------
 # Public entry points.
 
 
@@ -421,15 +497,21 @@ def quantized_matmul(x: jax.Array, packed: jax.Array, encoding: QuantizationEnco
     float32 ``[..., out_features]``. The matmul runs at ``Precision.HIGHEST``, so accelerators do
     not drop to bfloat16/tf32 passes.
 
-    How it runs on XLA:CPU (measured with jax 0.10, see ``benchmarks/dequantize.py``): when ``x``
-    has one row, XLA fuses the whole dequantizer into the matrix-vector product (a single
-    ``copy_dot_fusion`` loop reads the packed bytes; no float32 weight is written), so the weights
-    are read as packed bytes. With more rows, XLA writes the float32 weights once and calls its
-    GEMM. Reformulations were measured and were not faster, so none is used: scaling after a
-    blocked einsum (``sum_b d_b * (x_b . q_b) + m_b * sum(x_b)``; XLA materialises batched
+    How it runs on XLA:CPU (jax 0.10; numbers from ``benchmarks/dequantize.py`` on a shared
+    2-core AVX-512 VM): when ``x`` has one row, XLA fuses the whole dequantizer into the
+    matrix-vector product (one ``copy_dot_fusion`` loop reads the packed bytes and no float32
+    weight is written). That loop is compute-bound, though: ~0.3 ns per weight element against
+    ~0.05 for an int8 weight converted in the same loop, because the block headers make the
+    element addresses non-affine (LLVM vectorises them with gathers). A SmolLM2-sized batch-1
+    pass takes ~60-80 ms with Q4_1 bytes against ~18-28 ms with float32 weights. With more rows
+    XLA writes the float32 weights once and calls its GEMM.
+
+    Reformulations inside the jit were measured and none is faster, so none is used: scaling after
+    a blocked einsum (``sum_b d_b * (x_b . q_b) + m_b * sum(x_b)``: XLA materialises batched
     dots), a contraction over the raw block bytes with a zero-padded ``x`` (the per-block scale
-    then has a period of 18-34 bytes, which XLA's loop vectoriser turns into gathers), and
-    two-stage repacks (XLA fuses the repack back into the dot, or it costs more than it saves).
+    then has a period of 20-34 bytes: gathers again), elementwise-multiply-and-reduce (slow
+    reductions), and two-stage repacks (XLA fuses the repack back into the dot, or it costs more
+    than it saves). What is fast is unpacking once at load time: see :func:`repack`.
     """
     enc, nb = _check_packed(encoding, packed, "quantized_matmul")
     bpe = enc.elements_per_block
@@ -452,3 +534,87 @@ def quantized_matmul(x: jax.Array, packed: jax.Array, encoding: QuantizationEnco
 def _quantized_matmul_jit(enc: QuantizationEncoding, x: jax.Array, packed: jax.Array) -> jax.Array:
     w = _dequantize_jit(enc, packed)
     return jnp.matmul(x, w.T, precision=lax.Precision.HIGHEST)
+
+
+# --- repacked weights -----------------------------------------------------------------------------
+
+
+class RepackedWeight(NamedTuple):
+    """A GGUF weight unpacked to one byte per element plus float32 scales (a JAX pytree).
+
+    ``values`` is ``[rows, cols]`` uint8 or int8 (the quantized integers), ``scale`` and ``offset``
+    are float32 ``[rows, cols // group]`` (``offset`` is None for the symmetric formats Q4_0,
+    Q5_0, Q8_0 and Q6_K); the weight is ``scale * values + offset`` per group of ``group``
+    consecutive elements of a row (32; 16 for Q6_K), bit for bit the result of :func:`dequantize`.
+    """
+
+    values: jax.Array
+    scale: jax.Array
+    offset: jax.Array | None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.values.shape)
+
+    @property
+    def group(self) -> int:
+        return self.values.shape[-1] // self.scale.shape[-1]
+
+    def dequantize(self) -> jax.Array:
+        """The float32 weight ``[rows, cols]`` (equal to ``dequantize(encoding, packed)``)."""
+        return _combine(self)
+
+
+def _combine(r: RepackedWeight) -> jax.Array:
+    *lead, cols = r.values.shape
+    groups = r.scale.shape[-1]
+    q = r.values.reshape(*lead, groups, cols // groups).astype(jnp.float32)
+    w = r.scale[..., None] * q
+    if r.offset is not None:
+        w = w + r.offset[..., None]
+    return w.reshape(*lead, cols)
+
+
+def repack(encoding: QuantizationEncoding, packed: jax.Array) -> RepackedWeight:
+    """Unpack GGUF blocks ``[rows, bytes_per_row]`` into a :class:`RepackedWeight`, once, at load time.
+
+    The decode-time alternative to keeping the bytes packed. On XLA:CPU the dequantizer fused
+    into a matrix-vector product costs more than reading float32 weights from memory (see
+    :func:`quantized_matmul`), while one byte per element with per-group scales fuses as cheaply
+    as an int8 weight: for SmolLM2 Q4_1 at batch 1 it is about 3x faster than the packed form and
+    2x faster than float32 weights, for 1.25 bytes per element (packed Q4_1: 0.625; float32: 4).
+    :func:`repacked_matmul` is bit-identical in its weights to :func:`dequantize`. Jittable;
+    ``jax.vmap`` it over stacked layers.
+    """
+    enc, nb = _check_packed(encoding, packed, "repack")
+    return _repack_jit(enc, packed)
+
+
+@partial(jax.jit, static_argnums=0)
+def _repack_jit(enc: QuantizationEncoding, packed: jax.Array) -> RepackedWeight:
+    rows, row_bytes = packed.shape
+    bpe, bsize = enc.block_parameters
+    nb = row_bytes // bsize
+    q, scale, offset = _PARTS[enc](packed.reshape(rows, nb, bsize))
+    groups = nb * scale.shape[-1]
+    return RepackedWeight(
+        q.reshape(rows, nb * bpe),
+        scale.reshape(rows, groups),
+        None if offset is None else offset.reshape(rows, groups),
+    )
+
+
+def repacked_matmul(x: jax.Array, weight: RepackedWeight) -> jax.Array:
+    """``x @ weight.dequantize().T`` in float32 for a :class:`RepackedWeight` ``[out, in]``."""
+    if not isinstance(weight, RepackedWeight):
+        raise ValueError(f"repacked_matmul: expected a RepackedWeight, got {type(weight).__name__}")
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or np.dtype(dtype) != np.float32:
+        raise ValueError(f"repacked_matmul: x must be float32, got {dtype}")
+    cols = weight.values.shape[-1]
+    if x.ndim < 1 or x.shape[-1] != cols:
+        raise ValueError(
+            f"repacked_matmul: x has {x.shape[-1] if x.ndim else None} features (shape "
+            f"{tuple(x.shape)}) but the weight has {cols} columns"
+        )
+    return jnp.matmul(x, _combine(weight).T, precision=lax.Precision.HIGHEST)
