@@ -415,15 +415,17 @@ class Tokenizer:
         """Build the tokenizer a GGUF file describes in its ``tokenizer.*`` metadata.
 
         Args:
-            path_or_reader: path to a ``.gguf`` file, or an open ``gguf.GGUFReader``.
+            path_or_reader: path to a ``.gguf`` file, or an open ``gguf.GGUFReader`` (e.g.
+                ``GGUFWeights(...).reader``: parsing the metadata of a 49k-token vocabulary costs
+                ``GGUFReader`` a couple of seconds, so share the weights' reader when you have one).
 
         Keys read: ``tokenizer.ggml.model`` ("gpt2": byte-level BPE; "llama": SentencePiece BPE with
         byte fallback), ``.tokens``, ``.merges`` (required for "gpt2"; for "llama" derived from
         ``.scores`` when absent, as transformers' ``generate_merges`` does), ``.token_type``,
         ``.pre`` (pre-tokenizer name, see ``GGUF_PRE_TOKENIZERS``), ``.bos_token_id``,
-        ``.eos_token_id``, ``.eot_token_id``, ``.eom_token_id``, ``.unknown_token_id``,
-        ``.padding_token_id``, ``.add_bos_token``, ``.add_eos_token``, ``.add_space_prefix`` and
-        ``tokenizer.chat_template``.
+        ``.eos_token_id``, ``.eot_token_id``, ``.eom_token_id``, ``.fim_{rep,sep,pad}_token_id``,
+        ``.unknown_token_id``, ``.padding_token_id``, ``.add_bos_token``, ``.add_eos_token``,
+        ``.add_space_prefix``, ``.scores`` and ``tokenizer.chat_template``.
 
         Tokens typed CONTROL (3) become added *special* tokens and USER_DEFINED (4) added normal
         tokens, so ``"<|im_start|>"`` in text encodes to its one id (transformers'
