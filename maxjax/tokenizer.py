@@ -244,7 +244,8 @@ def _open_gguf(path_or_reader: Any) -> tuple[Any, str]:
 
     if isinstance(path_or_reader, gguf.GGUFReader):
         reader = path_or_reader
-        name = str(getattr(getattr(reader, "data", None), "filename", None) or "<GGUFReader>")
+        data = getattr(reader, "data", None)
+        name = str(getattr(data, "filename", None) or getattr(reader, "path", None) or "<GGUFReader>")
         return reader, name
     if not isinstance(path_or_reader, (str, os.PathLike)):
         raise TypeError(f"from_gguf expects a path or a gguf.GGUFReader, got {type(path_or_reader).__name__}")
