@@ -46,8 +46,21 @@ class Chain:
         return [n.extra.prefix for n in self.nodes]
 
     @property
+    def invariant_positions(self) -> list[int]:
+        """Non-carried arguments that are the same value in every call (passed once, not stacked)."""
+        first = self.nodes[0].args
+        return [
+            j
+            for j in range(len(first))
+            if j not in self.carry
+            and all(n.args[j]._node is first[j]._node and n.args[j]._index == first[j]._index for n in self.nodes)
+        ]
+
+    @property
     def xs_positions(self) -> list[int]:
-        return [j for j in range(len(self.sub._input_types)) if j not in self.carry]
+        """Non-carried arguments that differ between calls (stacked along the layer axis)."""
+        inv = set(self.invariant_positions)
+        return [j for j in range(len(self.sub._input_types)) if j not in self.carry and j not in inv]
 
     @property
     def ys_positions(self) -> list[int]:
@@ -133,7 +146,7 @@ def _valid(chain: Chain, nodes: list[Node], uses: dict[tuple[int, int], list[int
         if any(isinstance(a, TensorValue) and a._node is not None and a._node.id in dependent for a in n.args):
             dependent.add(n.id)
     for n in chain.nodes:
-        for j in chain.xs_positions:
+        for j in chain.xs_positions + chain.invariant_positions:
             a = n.args[j]
             if a._node.id in dependent:
                 return False
@@ -168,16 +181,23 @@ def run_chain(
     xs_args: Sequence[Sequence[Any]],
     remat: bool = False,
 ) -> tuple[list[Any], list[Any]]:
-    """Runs the chain as one scan; returns (final outputs of the last call, ys stacked per output)."""
+    """Runs the chain as one scan; returns (final outputs of the last call, ys stacked per output).
+
+    ``first_args`` are the first call's arguments (carry and invariant values come from them);
+    ``xs_args[i]`` the values of call ``i`` at :attr:`Chain.xs_positions`.
+    """
     sub = chain.sub
     carry_pos = sorted(chain.carry)
     xs_pos = chain.xs_positions
+    inv = {j: first_args[j] for j in chain.invariant_positions}
     ys_pos = chain.ys_positions
     n_args = len(sub._input_types)
 
     def body(carry: tuple[Any, ...], x: tuple[Any, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         w_slice, xs_vals = x
         args: list[Any] = [None] * n_args
+        for j, v in inv.items():
+            args[j] = v
         for j, v in zip(carry_pos, carry):
             args[j] = v
         for j, v in zip(xs_pos, xs_vals):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import operator
 from typing import Any, Iterable, Union
 
 import jax
@@ -88,7 +89,7 @@ class Dim:
 
     def _binop(self, other: Any, op: str) -> "Dim":
         a, b = self.to_expr(), Dim(other).to_expr()
-        return Dim.from_expr(getattr(a, op)(b) if not isinstance(a, int) else getattr(a, op)(b))
+        return Dim.from_expr(getattr(operator, op)(a, b))
 
     def __add__(self, other: Any) -> "Dim":
         return self._binop(other, "__add__")
@@ -231,9 +232,10 @@ class AlgebraicDim(Dim):
 
     def evaluate(self, env: dict[str, int]) -> int:
         try:
-            return int(self.expr._evaluate(env))
+            value = self.expr._evaluate(env)
         except KeyError as e:
             raise ValueError(f"dimension {self} uses {e} which has no size here (known: {sorted(env)})") from None
+        return value if _is_dim_expr(value) else int(value)
 
     def __repr__(self) -> str:
         return f"Dim({str(self.expr)!r})"

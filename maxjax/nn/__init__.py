@@ -1,5 +1,6 @@
 """``maxjax.nn``: MAX's module system (``Module``, ``LayerList``, hooks) and basic layers."""
 
+from maxjax.nn.attention import AttentionWithRope
 from maxjax.nn.embedding import Embedding
 from maxjax.nn.functional import abstract_state, functional_call, state
 from maxjax.nn.layer import (
@@ -8,8 +9,11 @@ from maxjax.nn.layer import (
 )
 from maxjax.nn.linear import MLP, Linear
 from maxjax.nn.norm import LayerNorm, RMSNorm
+from maxjax.nn.rotary_embedding import RotaryEmbedding
+from maxjax.nn.transformer import Transformer, TransformerBlock
 
 __all__ = [
+    "AttentionWithRope", "RotaryEmbedding", "Transformer", "TransformerBlock",
     "Embedding", "HookHandle", "Layer", "LayerList", "LayerNorm", "LayerV2", "Linear", "LoadStateDictResult",
     "MLP", "Module", "RMSNorm", "Sequential", "abstract_state", "functional_call", "state",
 ]  # fmt: skip

@@ -17,7 +17,7 @@ from maxjax.graph.ops.reduction import (
 )
 from maxjax.graph.ops.shape import (
     band_part, broadcast_to, cast, chunk, concat, constant, flatten, gather, gather_nd, identity, outer, pad,
-    permute, print, range, rebind, repeat_interleave, reshape, shape_to_tensor, slice_tensor, split, squeeze,
+    permute, print, range, rebind, repeat_interleave, reshape, scatter_nd, shape_to_tensor, slice_tensor, split, squeeze,
     stack, tile, transfer_to, transpose, unsqueeze,
 )
 
@@ -28,7 +28,7 @@ __all__ = [
     "greater_equal", "identity", "is_inf", "is_nan", "layer_norm", "log", "log1p", "logical_and",
     "logical_not", "logical_or", "logical_xor", "logsoftmax", "matmul", "max", "mean", "min", "mod", "mul",
     "negate", "not_equal", "outer", "pad", "permute", "pow", "print", "prod", "qmatmul", "range", "rebind",
-    "relu", "repeat_interleave", "reshape", "rms_norm", "round", "rsqrt", "shape_to_tensor", "sigmoid",
+    "relu", "repeat_interleave", "reshape", "rms_norm", "round", "rsqrt", "scatter_nd", "shape_to_tensor", "sigmoid",
     "silu", "sin", "slice_tensor", "softmax", "split", "sqrt", "squeeze", "stack", "sub", "sum", "tanh",
     "tile", "top_k", "transfer_to", "transpose", "trunc", "unsqueeze", "where",
 ]  # fmt: skip

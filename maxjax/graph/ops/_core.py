@@ -7,7 +7,8 @@ An op is one jnp function ``fn(*tensors, **static)``. :func:`apply` looks at wha
   ``jax.eval_shape`` on the inputs' abstract values (symbolic dims included).
 - otherwise: the jnp function runs at once on the arrays (or tracers). The result is wrapped in
   TensorValues when any input was one, and returned as plain JAX arrays when all inputs were plain
-  arrays, so ``ops.silu(jnp_array)`` is an ordinary jnp call.
+  arrays, so ``ops.silu(jnp_array)`` is an ordinary jnp call. Ops with no tensor inputs
+  (``constant``, ``range``) give TensorValues.
 
 ``static`` holds non-tensor arguments (axes, shapes, dtypes). Dims in it become JAX symbolic
 expressions for shape inference and concrete ints when the graph runs.
@@ -135,7 +136,7 @@ def apply(fn: Callable[..., Any], *tensors: Any, _name: str | None = None, **sta
             for t in vals
         ]
         out = fn(*arrays, **static_ints(static)) if static else fn(*arrays)
-        if has_tv:
+        if has_tv or not tensors:  # creation ops (no tensor inputs) give TensorValues too
             return jax.tree.map(TensorValue._from_array, out)
         return out
 

@@ -22,7 +22,7 @@ __all__ = [
     "constant", "cast", "reshape", "flatten", "transpose", "permute", "concat", "split", "chunk", "stack",
     "squeeze", "unsqueeze", "broadcast_to", "gather", "gather_nd", "slice_tensor", "tile", "pad",
     "repeat_interleave", "outer", "band_part", "range", "shape_to_tensor", "transfer_to", "identity",
-    "print", "rebind",
+    "print", "rebind", "scatter_nd",
 ]  # fmt: skip
 
 
@@ -59,7 +59,7 @@ def constant(value: Any, dtype: DType | None = None, device: DeviceRef | None = 
     g = current_graph()
     if g is not None:
         return const_value(g, arr)
-    return jnp.asarray(arr)
+    return TensorValue(jnp.asarray(arr))
 
 
 def _range(*, start: Any, stop: Any, step: Any, dtype: Any) -> Any:
@@ -418,3 +418,18 @@ def slice_tensor(x: Any, indices: Any) -> Any:
         else:
             spec.append(_dim(ix))
     return apply(_slice, x, *tensors, _name="slice", spec=tuple(spec))
+
+
+def _scatter_nd(x: Any, updates: Any, idx: Any) -> Any:
+    k = idx.shape[-1]
+    return x.at[tuple(idx[..., i] for i in builtins.range(k))].set(updates.astype(x.dtype), mode="drop")
+
+
+def scatter_nd(input: Any, updates: Any, indices: Any) -> Any:
+    """``input`` with slices replaced: ``indices[..., k]`` index the first ``k`` axes of ``input``
+    and ``updates`` has shape ``indices.shape[:-1] + input.shape[k:]`` (TensorFlow's
+    ``scatter_nd_update``; MAX's ``ops.scatter_nd``). Out-of-range indices are dropped.
+
+    Under ``jax.jit`` with the input donated (or carried through a loop) XLA updates it in place.
+    """
+    return apply(_scatter_nd, input, updates, indices, _name="scatter_nd")

@@ -1,0 +1,113 @@
+"""``AttentionWithRope``: grouped-query causal self-attention with rotary embedding and a KV cache.
+
+The KV cache of a whole model is two arrays ``[n_layers, batch, max_seq_len, n_kv_heads,
+head_dim]`` (keys, values). A layer writes the keys and values of its new tokens at their
+positions (``ops.scatter_nd``, in place under ``jax.jit`` with the cache donated) and attends over
+the whole cache row with the mask ``key_position <= query_position``, so padded prompts of
+different lengths share one batch: positions past a sequence's end hold values nothing attends to
+until they are overwritten.
+
+References: Vaswani et al., 2017 (attention); Ainslie et al., 2023 (grouped-query attention,
+query head ``h`` uses KV head ``h // (n_heads // n_kv_heads)``, as Hugging Face's
+``repeat_kv``); Su et al., 2021 (rotary embedding).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from maxjax.dtype import DType
+from maxjax.graph import ops
+from maxjax.graph.type import DeviceRef
+from maxjax.nn.layer import Module
+from maxjax.nn.linear import Linear
+from maxjax.nn.rotary_embedding import RotaryEmbedding
+
+__all__ = ["AttentionWithRope"]
+
+
+class AttentionWithRope(Module):
+    """Causal grouped-query attention (weights ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``).
+
+    Args:
+        n_heads: query heads. n_kv_heads: key/value heads (divides ``n_heads``).
+        hidden_size: model width. head_dim: channels per head (default ``hidden_size // n_heads``).
+        rope: the :class:`RotaryEmbedding` shared by all layers.
+        dtype: activation / weight dtype of unquantized projections.
+        quantization_encoding: GGUF encoding of the projection weights (packed), or None.
+
+    ``__call__(x, k_cache, v_cache, layer_idx, positions)``:
+        x ``[batch, seq, hidden]``; caches ``[n_layers, batch, max_seq, n_kv_heads, head_dim]``;
+        layer_idx a scalar int32; positions int32 ``[batch, seq]``. Returns
+        ``(out [batch, seq, hidden], k_cache, v_cache)`` with this layer's new entries written.
+    """
+
+    def __init__(
+        self,
+        n_heads: int,
+        n_kv_heads: int,
+        hidden_size: int,
+        rope: RotaryEmbedding,
+        dtype: DType = DType.float32,
+        devices: Sequence[DeviceRef] = (),
+        head_dim: int | None = None,
+        quantization_encoding: Any = None,
+        has_bias: bool = False,
+    ) -> None:
+        super().__init__()
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim = head_dim or hidden_size // n_heads
+        self.hidden_size = hidden_size
+        self.rope = rope
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        device = list(devices)[0] if devices else DeviceRef.CPU()
+        q_out, kv_out = n_heads * self.head_dim, n_kv_heads * self.head_dim
+        enc = quantization_encoding
+        self.q_proj = Linear(hidden_size, q_out, dtype, device, has_bias, enc)
+        self.k_proj = Linear(hidden_size, kv_out, dtype, device, has_bias, enc)
+        self.v_proj = Linear(hidden_size, kv_out, dtype, device, has_bias, enc)
+        self.o_proj = Linear(q_out, hidden_size, dtype, device, False, enc)
+
+    def __call__(self, x: Any, k_cache: Any, v_cache: Any, layer_idx: Any, positions: Any) -> tuple[Any, Any, Any]:
+        batch, seq = x.shape[0], x.shape[1]
+        h, kv, d = self.n_heads, self.n_kv_heads, self.head_dim
+        groups = h // kv
+        q = ops.reshape(self.q_proj(x), [batch, seq, h, d])
+        k = ops.reshape(self.k_proj(x), [batch, seq, kv, d])
+        v = ops.reshape(self.v_proj(x), [batch, seq, kv, d])
+        q = self.rope(q, positions)
+        k = self.rope(k, positions)
+
+        # write this layer's new keys/values at (layer, b, position)
+        b_idx = ops.broadcast_to(ops.unsqueeze(ops.range(0, batch, 1, dtype=DType.int32), 1), [batch, seq])
+        l_idx = ops.broadcast_to(ops.cast(layer_idx, DType.int32), [batch, seq])
+        idx = ops.stack([l_idx, b_idx, ops.cast(positions, DType.int32)], axis=-1)
+        k_cache = ops.scatter_nd(k_cache, k, idx)
+        v_cache = ops.scatter_nd(v_cache, v, idx)
+
+        keys = ops.gather(k_cache, layer_idx, axis=0)  # [batch, max_seq, kv, d]
+        values = ops.gather(v_cache, layer_idx, axis=0)
+        max_seq = keys.shape[1]
+
+        # queries grouped by their KV head: [batch, kv, groups * seq, d]
+        qg = ops.permute(ops.reshape(q, [batch, seq, kv, groups, d]), [0, 2, 3, 1, 4])
+        qg = ops.reshape(qg, [batch, kv, groups * seq, d])
+        kt = ops.permute(ops.cast(keys, q.dtype), [0, 2, 3, 1])  # [batch, kv, d, max_seq]
+        scores = (qg @ kt) * self.scale  # [batch, kv, groups * seq, max_seq]
+
+        key_pos = ops.range(0, max_seq, 1, dtype=DType.int32)
+        q_pos = ops.reshape(
+            ops.broadcast_to(ops.unsqueeze(ops.cast(positions, DType.int32), 1), [batch, groups, seq]),
+            [batch, 1, groups * seq, 1],
+        )
+        visible = ops.greater_equal(q_pos, key_pos)  # [batch, 1, groups * seq, max_seq]
+        neg = ops.constant(-math.inf, DType.float32)
+        scores = ops.where(visible, ops.cast(scores, DType.float32), neg)
+        probs = ops.cast(ops.softmax(scores, axis=-1), q.dtype)
+        ctx = probs @ ops.permute(ops.cast(values, q.dtype), [0, 2, 1, 3])  # [batch, kv, groups * seq, d]
+        ctx = ops.permute(ops.reshape(ctx, [batch, kv, groups, seq, d]), [0, 3, 1, 2, 4])
+        out = self.o_proj(ops.reshape(ctx, [batch, seq, h * d]))
+        return out, k_cache, v_cache
