@@ -2,8 +2,8 @@
 
 The reference is ``gguf.quants.dequantize`` (the gguf package's numpy port of llama.cpp's
 ``dequantize_row_*``). Our dequantizers do the same float32 operations in the same order, and
-XLA:CPU neither contracts a multiply and an add into an FMA nor reorders them, so the results
-are compared for exact (bitwise) equality, not with a tolerance.
+XLA:CPU neither contracts a multiply and an add into an FMA nor reorders them, so on the CPU the
+results are compared for exact (bitwise) equality, not with a tolerance (on a GPU, within an ulp).
 """
 
 from __future__ import annotations
@@ -50,7 +50,12 @@ def reference(encoding: QuantizationEncoding, packed: np.ndarray) -> np.ndarray:
 def assert_bitwise_equal(actual, expected) -> None:
     actual, expected = np.asarray(actual), np.asarray(expected)
     assert actual.dtype == np.float32 and actual.shape == expected.shape
-    np.testing.assert_array_equal(actual.view(np.uint32), expected.view(np.uint32))
+    if jax.default_backend() == "cpu":
+        np.testing.assert_array_equal(actual.view(np.uint32), expected.view(np.uint32))
+    else:
+        # GPU compilers contract ``d * q + m`` into one FMA (a single rounding instead of two):
+        # the results then differ from numpy's by about an ulp of the larger term.
+        np.testing.assert_allclose(actual, expected, rtol=2**-21, atol=2**-21 * float(np.abs(expected).max()))
 
 
 def random_blocks(encoding: QuantizationEncoding, rows: int, blocks: int, seed: int) -> np.ndarray:
@@ -130,7 +135,7 @@ def test_real_file_encodings_are_known(smollm2):
 
 
 @pytest.mark.parametrize("encoding", QUANTIZABLE, ids=lambda e: e.value)
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(rows=st.integers(1, 5), blocks=st.integers(1, 3), seed=st.integers(0, 2**32 - 1),
        scale=st.sampled_from([1e-3, 1.0, 30.0]))  # fmt: skip
 def test_quantized_by_gguf(encoding, rows, blocks, seed, scale):
@@ -146,7 +151,7 @@ def test_quantized_by_gguf(encoding, rows, blocks, seed, scale):
 
 
 @pytest.mark.parametrize("encoding", GGUF_ENCODINGS, ids=lambda e: e.value)
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(rows=st.integers(1, 5), blocks=st.integers(1, 3), seed=st.integers(0, 2**32 - 1))
 def test_random_bytes(encoding, rows, blocks, seed):
     """Every bit pattern of the quantized values and scales (float16 fields kept finite)."""
