@@ -10,7 +10,7 @@ shapes (symbolic dims) compiles once and is cached by ``jax.jit``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -110,20 +110,30 @@ class Program:
             if bad:
                 raise ValueError(f"Value for weight {key!r} in the weights registry had different " + " and ".join(bad))
 
-    def prepare(self, registry: Mapping[str, Any], device: Any = None) -> dict[str, Any]:
+    def prepare(
+        self, registry: Mapping[str, Any], device: Any = None, progress: Callable[[str], None] | None = None
+    ) -> dict[str, Any]:
         """Checks the registry and returns the state for :meth:`apply`, placed on devices once.
 
         Each array goes to its weight's ``sharding`` (stacked weights get a leading unsharded
-        layer axis), else its weight's device, else ``device``.
+        layer axis), else its weight's device, else ``device``. ``progress(name)`` is called after
+        each registry entry is placed (for a progress bar).
         """
         self.check(registry)
-        weights = {k: to_jax_array(registry[k], self._target(self.graph._weights[k].weight, device)) for k in self._plain_keys}
+        tick = progress or (lambda name: None)
+        weights = {}
+        for k in self._plain_keys:
+            weights[k] = to_jax_array(registry[k], self._target(self.graph._weights[k].weight, device))
+            tick(k)
         stacked = []
         for chain in self.chains:
             arrays = stack_chain_weights(chain, lambda name: _host(registry[name]))
-            stacked.append(
-                {k: to_jax_array(v, self._target(chain.sub._weights[k].weight, device, stacked=True)) for k, v in arrays.items()}
-            )
+            placed = {}
+            for k, v in arrays.items():
+                placed[k] = to_jax_array(v, self._target(chain.sub._weights[k].weight, device, stacked=True))
+                for p in chain.prefixes:
+                    tick(p + k)
+            stacked.append(placed)
         return {"weights": weights, "stacked": stacked}
 
     @staticmethod
