@@ -153,7 +153,20 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 #: The subcommands, in the order ``maxjax --help`` lists them.
+def _generate_arguments(p: argparse.ArgumentParser) -> None:
+    from maxjax.models import generate_command
+
+    generate_command.configure(p)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from maxjax.models import generate_command
+
+    return generate_command.run(args)
+
+
 SUBCOMMANDS: list[Subcommand] = [
+    Subcommand("generate", "generate text with a language model (default: the bundled SmolLM2)", _generate_arguments, cmd_generate),
     Subcommand("inspect", "list a checkpoint's metadata and tensors (GGUF, safetensors, orbax)", _inspect_arguments, cmd_inspect),
 ]
 

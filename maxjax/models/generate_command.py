@@ -1,0 +1,73 @@
+"""``maxjax generate "PROMPT"``: stream a model's continuation, then a one-line summary.
+
+    maxjax generate "The quick brown fox"                    # bundled SmolLM2, greedy
+    maxjax generate --chat "What is the capital of France?"
+    maxjax generate --temperature 0.8 --top-p 0.9 --seed 1 --max-new-tokens 100 "Once upon a time"
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from maxjax.dtype import DType
+
+__all__ = ["configure", "run"]
+
+_DTYPES = {"float32": DType.float32, "bfloat16": DType.bfloat16}
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompt", metavar="PROMPT", help="the text to continue (with --chat: the user's message)")
+    p.add_argument(
+        "--model",
+        metavar="PATH",
+        help="a .gguf file, a Hugging Face model directory (config.json + safetensors), or a repo id in "
+        "the local Hugging Face cache (default: the bundled SmolLM2-135M-Instruct Q4_1 GGUF)",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="most tokens to generate (default 64)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="sampling temperature; 0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the K most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (1 = off)")
+    p.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
+    p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="activation dtype (default float32)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar while weights load")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if not args.prompt:
+        raise ValueError("the prompt is empty")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    if not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+    from maxjax.models.causal_lm import load_model
+
+    t0 = time.perf_counter()
+    lm = load_model(args.model, dtype=_DTYPES[args.dtype], progress=not args.no_progress and sys.stderr.isatty())
+    load_s = time.perf_counter() - t0
+    out = sys.stdout
+    for piece in lm.stream(
+        args.prompt,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        chat=args.chat,
+    ):
+        out.write(piece)
+        out.flush()
+    g = lm.last_generation
+    out.write("\n")
+    print(
+        f"[{len(g.prompt_ids)} prompt tokens, {len(g.token_ids)} new tokens ({g.finish_reason}), "
+        f"time to first token {g.time_to_first_token:.2f} s, {g.tokens_per_second:.1f} tokens/s, "
+        f"load {load_s:.1f} s]",
+        file=sys.stderr,
+    )
+    return 0
