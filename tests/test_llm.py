@@ -1,0 +1,123 @@
+"""SmolLM2-135M-Instruct (the real Q4_1 GGUF) end to end, against Hugging Face transformers.
+
+The reference (tests/data/smollm2_reference.json) was made by scripts/reference_smollm2.py with
+transformers on PyTorch, float32, on the same GGUF. torch is not needed here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from maxjax.cli import main as cli_main
+from maxjax.models import load_model
+
+REF = json.loads((Path(__file__).parent / "data" / "smollm2_reference.json").read_text())["cases"]
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return load_model()
+
+
+@pytest.mark.parametrize("case,chat", [("raw", False), ("chat", True)])
+def test_tokens_logits_and_greedy_continuation_match_transformers(lm, case, chat):
+    ref = REF[case]
+    ids = lm.encode_prompt(ref["prompt"], chat=chat)
+    assert ids == ref["prompt_ids"]
+    k, v = lm.new_cache(1, 128)
+    tokens = np.zeros((1, 64), np.int32)
+    tokens[0, : len(ids)] = ids
+    _, logits, _, _ = lm.prefill(tokens, [len(ids)], k, v)
+    logits = np.asarray(logits)[0]
+    top = ref["top20_last_prompt_position"]
+    assert list(np.argsort(-logits, kind="stable")[:20]) == top["ids"]
+    np.testing.assert_allclose(logits[top["ids"]], np.array(top["logits"], np.float32), atol=1e-3, rtol=0)
+    out = lm.generate([ref["prompt"]], 32, chat=chat, stop_at_eos=False)[0]
+    assert out.token_ids == ref["greedy"]["token_ids"]
+
+
+def test_chat_stops_at_end_of_turn(lm):
+    out = lm.generate([REF["chat"]["prompt"]], 32, chat=True)[0]
+    assert out.finish_reason == "eos"
+    assert out.text == REF["chat"]["greedy"]["text_until_eos"]
+
+
+def test_batch_of_different_lengths_equals_one_by_one_and_never_recompiles_per_token(lm):
+    prompts = ["The quick brown fox", "Once upon a time, in a land far away, there lived"]
+    singles = [lm.generate([p], 12, stop_at_eos=False)[0].token_ids for p in prompts]
+    before = lm.num_compiles
+    batch = lm.generate(prompts, 12, stop_at_eos=False)
+    assert [b.token_ids for b in batch] == singles
+    compiled_for_batch = lm.num_compiles - before
+    assert compiled_for_batch == 2  # one prefill and one decode shape for batch 2; none per token
+    lm.generate(prompts, 24, stop_at_eos=False)  # more tokens, same cache bucket
+    lm.generate(["A different prompt", "of other lengths entirely here"], 5, stop_at_eos=False)
+    assert lm.num_compiles - before == compiled_for_batch
+
+
+def test_sampling_is_reproducible_and_top_k_1_is_greedy(lm):
+    p = "The quick brown fox"
+    a = lm.generate([p], 10, temperature=0.9, top_p=0.95, seed=3, stop_at_eos=False)[0].token_ids
+    b = lm.generate([p], 10, temperature=0.9, top_p=0.95, seed=3, stop_at_eos=False)[0].token_ids
+    c = lm.generate([p], 10, temperature=0.9, top_p=0.95, seed=4, stop_at_eos=False)[0].token_ids
+    assert a == b and a != c
+    k1 = lm.generate([p], 10, temperature=1.5, top_k=1, seed=5, stop_at_eos=False)[0].token_ids
+    assert k1 == REF["raw"]["greedy"]["token_ids"][:10]
+
+
+def test_stream_pieces_join_to_the_text(lm):
+    pieces = list(lm.stream("The quick brown fox", 16, stop_at_eos=False))
+    assert len(pieces) > 3
+    assert "".join(pieces) == lm.last_generation.text
+    assert lm.last_generation.token_ids == REF["raw"]["greedy"]["token_ids"][:16]
+
+
+def test_bad_generation_arguments(lm):
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        lm.generate([""], 4)
+    with pytest.raises(ValueError, match="max_new_tokens must be at least 1"):
+        lm.generate(["hi"], 0)
+    with pytest.raises(ValueError, match="exceeds the model's context of 8192 tokens"):
+        lm.generate(["hello " * 9000], 4)
+
+
+def test_cli_generate_streams_and_summarises(capsys):
+    assert cli_main(["generate", "--max-new-tokens", "8", "The quick brown fox"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(" with a quick brown bear.")
+    assert "[4 prompt tokens, 8 new tokens (length), time to first token" in err and "tokens/s" in err
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["generate", ""], "the prompt is empty"),
+        (["generate", "--max-new-tokens", "0", "hi"], "--max-new-tokens must be at least 1"),
+        (["generate", "--model", "/no/such/model.gguf", "hi"], "no such file or directory"),
+    ],
+)
+def test_cli_generate_bad_input_is_one_line(capsys, argv, message):
+    assert cli_main(argv) == 1
+    out, err = capsys.readouterr()
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_unsupported_architecture_gguf(tmp_path, capsys):
+    import gguf
+
+    path = tmp_path / "tiny_gpt2.gguf"
+    w = gguf.GGUFWriter(str(path), "gpt2")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=r"unsupported architecture 'gpt2' \(supported: llama\)"):
+        load_model(path)
+    assert cli_main(["generate", "--model", str(path), "hi"]) == 1
+    assert "unsupported architecture 'gpt2'" in capsys.readouterr().err

@@ -1,0 +1,153 @@
+"""Decoder layers (rope, GQA attention with KV cache, Transformer) against a NumPy Llama, in all modes."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from maxjax import nn
+from maxjax.dtype import DType
+from maxjax.engine import Program
+from maxjax.graph import DeviceRef, Graph, TensorType, TensorValue
+from maxjax.models.llama import LlamaConfig, build_llama
+
+CFG = LlamaConfig(
+    vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=64,
+    tie_word_embeddings=True,
+)  # fmt: skip
+CACHE = 16
+
+
+def _rms(x, w):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + CFG.rms_norm_eps) * w
+
+
+def _rope(x, pos):
+    d = CFG.head_dim
+    inv = 1.0 / (CFG.rope_theta ** (np.arange(0, d, 2) / d))
+    ang = pos[..., None] * inv
+    c, s = np.cos(ang)[..., None, :], np.sin(ang)[..., None, :]
+    a, b = x[..., : d // 2], x[..., d // 2 :]
+    return np.concatenate([a * c - b * s, b * c + a * s], -1)
+
+
+def reference_logits(sd, toks):
+    """Full-sequence Llama forward in NumPy (float64), no cache: logits of every position."""
+    b, t = toks.shape
+    h, kv, d = CFG.num_attention_heads, CFG.num_key_value_heads, CFG.head_dim
+    x = sd["embed_tokens.weight"][toks].astype(np.float64)
+    pos = np.broadcast_to(np.arange(t), (b, t))
+    for i in range(CFG.num_hidden_layers):
+        p = f"layers.{i}."
+        y = _rms(x, sd[p + "input_layernorm.weight"])
+        q = _rope((y @ sd[p + "self_attn.q_proj.weight"].T).reshape(b, t, h, d), pos)
+        k = _rope((y @ sd[p + "self_attn.k_proj.weight"].T).reshape(b, t, kv, d), pos)
+        v = (y @ sd[p + "self_attn.v_proj.weight"].T).reshape(b, t, kv, d)
+        k, v = np.repeat(k, h // kv, axis=2), np.repeat(v, h // kv, axis=2)
+        s = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(d)
+        s = np.where(np.tril(np.ones((t, t))) > 0, s, -np.inf)
+        pr = np.exp(s - s.max(-1, keepdims=True))
+        pr /= pr.sum(-1, keepdims=True)
+        x = x + np.einsum("bhqk,bkhd->bqhd", pr, v).reshape(b, t, h * d) @ sd[p + "self_attn.o_proj.weight"].T
+        y = _rms(x, sd[p + "post_attention_layernorm.weight"])
+        g, u = y @ sd[p + "mlp.gate_proj.weight"].T, y @ sd[p + "mlp.up_proj.weight"].T
+        x = x + ((g / (1 + np.exp(-g))) * u) @ sd[p + "mlp.down_proj.weight"].T
+    return _rms(x, sd["norm.weight"]) @ sd["embed_tokens.weight"].T
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = build_llama(CFG)
+    rng = np.random.default_rng(0)
+    sd = {k: (rng.standard_normal(v.shape) * 0.2).astype(np.float32) for k, v in m.state_dict().items()}
+    m.load_state_dict(sd)
+    return m, sd
+
+
+def _types(batch="batch"):
+    cache = [CFG.num_hidden_layers, batch, CACHE, CFG.num_key_value_heads, CFG.head_dim]
+    return [
+        TensorType(DType.int32, [batch, "seq"]),
+        TensorType(DType.int32, [batch, "seq"]),
+        TensorType(DType.float32, cache),
+        TensorType(DType.float32, cache),
+        TensorType(DType.int32, [batch]),
+    ]
+
+
+def _cache(b):
+    return np.zeros((CFG.num_hidden_layers, b, CACHE, CFG.num_key_value_heads, CFG.head_dim), np.float32)
+
+
+def test_tied_weights_and_names(model):
+    m, sd = model
+    assert "lm_head.weight" not in sd and "embed_tokens.weight" in sd
+    assert "layers.2.self_attn.k_proj.weight" in sd and sd["layers.2.self_attn.k_proj.weight"].shape == (16, 32)
+    assert m.lm_head.weight is m.embed_tokens.weight
+
+
+def test_prefill_then_decode_matches_full_forward_in_graph_eager_and_jit(model):
+    m, sd = model
+    rng = np.random.default_rng(1)
+    toks = rng.integers(0, CFG.vocab_size, (2, 7)).astype(np.int32)
+    ref = reference_logits(sd, toks)
+    prompt, last = toks[:, :6], np.array([5, 5], np.int32)
+    pos = np.broadcast_to(np.arange(6, dtype=np.int32), (2, 6))
+    prog = Program(Graph("llama", forward=m, input_types=_types()))
+    assert len(prog.chains) == 1 and len(prog.chains[0].nodes) == 3
+    state = prog.prepare(m.state_dict())
+    run = jax.jit(prog.apply)
+    logits, kc, vc = run(state, prompt, pos, _cache(2), _cache(2), last)
+    np.testing.assert_allclose(np.asarray(logits), ref[:, 5], atol=2e-5)
+    logits2, _, _ = run(state, toks[:, 6:], np.full((2, 1), 6, np.int32), kc, vc, np.zeros(2, np.int32))
+    np.testing.assert_allclose(np.asarray(logits2), ref[:, 6], atol=2e-5)
+    eager, _, _ = m(prompt, pos, _cache(2), _cache(2), last)
+    np.testing.assert_allclose(np.asarray(eager), ref[:, 5], atol=2e-5)
+    functional, _, _ = jax.jit(lambda s, *a: nn.functional_call(m, s, *a))(nn.state(m), prompt, pos, _cache(2), _cache(2), last)
+    np.testing.assert_allclose(np.asarray(functional), ref[:, 5], atol=2e-5)
+
+
+def test_right_padded_rows_of_different_lengths(model):
+    m, sd = model
+    rng = np.random.default_rng(2)
+    a = rng.integers(0, CFG.vocab_size, (1, 6)).astype(np.int32)
+    b = rng.integers(0, CFG.vocab_size, (1, 3)).astype(np.int32)
+    padded = np.concatenate([a, np.concatenate([b, np.zeros((1, 3), np.int32)], 1)])
+    pos = np.broadcast_to(np.arange(6, dtype=np.int32), (2, 6))
+    prog = Program(Graph("llama", forward=m, input_types=_types()))
+    state = prog.prepare(m.state_dict())
+    logits, kc, vc = jax.jit(prog.apply)(state, padded, pos, _cache(2), _cache(2), np.array([5, 2], np.int32))
+    np.testing.assert_allclose(np.asarray(logits)[0], reference_logits(sd, a)[0, -1], atol=2e-5)
+    np.testing.assert_allclose(np.asarray(logits)[1], reference_logits(sd, b)[0, -1], atol=2e-5)
+    # decode a token for each row at its own position: row 1 overwrites its padding
+    nxt = np.array([[7], [9]], np.int32)
+    l2, _, _ = jax.jit(prog.apply)(state, nxt, np.array([[6], [3]], np.int32), kc, vc, np.zeros(2, np.int32))
+    np.testing.assert_allclose(np.asarray(l2)[0], reference_logits(sd, np.concatenate([a, nxt[:1]], 1))[0, -1], atol=2e-5)
+    np.testing.assert_allclose(np.asarray(l2)[1], reference_logits(sd, np.concatenate([b, nxt[1:]], 1))[0, -1], atol=2e-5)
+
+
+def test_rotary_embedding_interleaved_equals_permuted_halves():
+    rope = nn.RotaryEmbedding(32, 4, 10000.0, head_dim=8)
+    inter = nn.RotaryEmbedding(32, 4, 10000.0, head_dim=8, interleaved=True)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 5, 4, 8)).astype(np.float32)
+    pos = np.arange(5, dtype=np.int32)[None]
+    perm = np.concatenate([np.arange(0, 8, 2), np.arange(1, 8, 2)])  # interleaved -> halves
+    out_h = np.asarray(rope(TensorValue(x[..., perm]), TensorValue(pos)).to_numpy())
+    out_i = np.asarray(inter(TensorValue(x), TensorValue(pos)).to_numpy())
+    np.testing.assert_allclose(out_i[..., perm], out_h, atol=1e-6)
+    np.testing.assert_allclose(out_h, _rope(x[..., perm], pos), atol=1e-5)
+
+
+def test_attention_rejects_bad_head_counts():
+    with pytest.raises(ValueError, match=r"n_heads \(9\) must be a multiple of n_kv_heads \(2\)"):
+        nn.AttentionWithRope(9, 2, 576, nn.RotaryEmbedding(576, 9, 1e4), devices=[DeviceRef.CPU()])
+
+
+def test_config_from_gguf_metadata_rejects_other_architectures():
+    with pytest.raises(ValueError, match=r"unsupported architecture 'gpt2' \(supported: llama\)"):
+        LlamaConfig.from_gguf_metadata({"general.architecture": "gpt2"}, False, "x.gguf")
+    with pytest.raises(ValueError, match="x.gguf: GGUF metadata has no 'llama.embedding_length'"):
+        LlamaConfig.from_gguf_metadata({"general.architecture": "llama"}, False, "x.gguf")
