@@ -248,13 +248,22 @@ def test_one_map_and_at_most_one_descriptor_per_file(tmp_path):
     w.close()
 
 
-def test_zero_copy_arrays_alias_the_file_map(tmp_path):
+def test_zero_copy_arrays_alias_the_file_map_and_copies_do_not(tmp_path):
     arr = np.arange(64, dtype=np.float32)
-    path = _write(tmp_path / "z.safetensors", {"w": arr})
-    wd = SafetensorWeights([path], zero_copy=True).w.data()
-    np.testing.assert_array_equal(wd.to_numpy(), arr)
+    path = str(tmp_path / "z.safetensors")
+    for pad in range(64):  # metadata length that puts the data 64-byte aligned (JAX adopts only those)
+        _write(path, {"w": arr}, {"pad": "x" * pad})
+        with open(path, "rb") as f:
+            if (8 + struct.unpack("<Q", f.read(8))[0]) % 64 == 0:
+                break
+    aliased = SafetensorWeights([path], zero_copy=True).w.data()
     copied = SafetensorWeights([path]).w.data()
-    np.testing.assert_array_equal(copied.to_numpy(), arr)
+    np.testing.assert_array_equal(aliased.to_numpy(), arr)
+    with open(path, "r+b") as f:  # rewrite the tensor's bytes in place (same size: no SIGBUS)
+        f.seek(os.path.getsize(path) - arr.nbytes)
+        f.write((arr + 100).tobytes())
+    np.testing.assert_array_equal(aliased.to_numpy(), arr + 100)  # the array is the file's memory
+    np.testing.assert_array_equal(copied.to_numpy(), arr)  # the default mode copied the bytes
 
 
 # -- load_weights / weights_format ----------------------------------------------------------------

@@ -11,7 +11,8 @@ of one tensor into a ``jax.Array`` on the default device:
 - ``zero_copy=True`` (CPU only): the array *is* the mapped file (JAX adopts read-only, 64-byte
   aligned host memory without copying). Nothing is read until the array is used and pages can
   be evicted under memory pressure, but the file must not be modified or truncated while such
-  arrays live: the OS then kills the process with SIGBUS.
+  arrays live: the OS then kills the process with SIGBUS. Tensors whose bytes are not 64-byte
+  aligned in the file (GGUF aligns to 32, safetensors to 8) are copied as in the default mode.
 
 Dtypes that JAX cannot hold exactly (64-bit kinds without ``jax_enable_x64``) come back as a
 read-only NumPy array instead, so no value is silently narrowed.
@@ -149,8 +150,8 @@ def to_device(
     exact = jax_holds_exactly(dtype.newbyteorder("="))
     if not dtype.isnative:  # pragma: no cover - big-endian hosts only: always byte-swap a copy
         zero_copy = False
-    if exact and zero_copy and _default_is_cpu():
-        return jax.device_put(src.view(dtype).reshape(shape))
+    if exact and zero_copy and _default_is_cpu() and src.ctypes.data % _ALIGN == 0:
+        return jax.device_put(src.view(dtype).reshape(shape))  # adopted as it is: no copy
     if exact and dtype.isnative and not _default_is_cpu():
         out = jax.device_put(src.view(dtype).reshape(shape))  # one host-to-device copy
         out.block_until_ready()
