@@ -152,7 +152,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-#: The subcommands, in the order ``maxjax --help`` lists them.
 def _generate_arguments(p: argparse.ArgumentParser) -> None:
     from maxjax.models import generate_command
 
@@ -165,6 +164,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return generate_command.run(args)
 
 
+#: The subcommands, in the order ``maxjax --help`` lists them.
 SUBCOMMANDS: list[Subcommand] = [
     Subcommand("generate", "generate text with a language model (default: the bundled SmolLM2)", _generate_arguments, cmd_generate),
     Subcommand("inspect", "list a checkpoint's metadata and tensors (GGUF, safetensors, orbax)", _inspect_arguments, cmd_inspect),

@@ -73,7 +73,7 @@ def test_corrupted_file_through_the_installed_command(tmp_path):
 
 
 def test_usage_errors_and_subcommand_registry(capsys):
-    assert [c.name for c in SUBCOMMANDS] == ["inspect"]
+    assert "inspect" in [c.name for c in SUBCOMMANDS]
     assert main([]) == 2
     with pytest.raises(SystemExit) as info:
         main(["inspect"])
