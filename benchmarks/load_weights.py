@@ -298,7 +298,7 @@ def plot(st_rows: list[dict], gguf_row: dict, deq_rows: list[dict], path: pathli
     files = list(dict.fromkeys(r["file"] for r in st_rows))
     width = 0.8 / len(METHODS)
     for k, (key, title) in enumerate((("seconds", "safetensors -> device arrays: ready (s)"),
-                                      ("seconds_used", "... and every byte used once (s)"))):  # fmt: skip
+                                      ("seconds_used", "... and every page read once (s)"))):  # fmt: skip
         ax = axes[k]
         for j, m in enumerate(METHODS):
             vals = [next(r[key] for r in st_rows if r["file"] == f and r["method"] == m) for f in files]

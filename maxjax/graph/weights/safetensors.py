@@ -383,7 +383,6 @@ class SafetensorWeights(HierarchicalWeights):
         prefix: str = "",
         allocated: dict[str, Any] | None = None,
         zero_copy: bool = False,
-        **_: Any,
     ):
         store = SafetensorsStore(
             filepaths,
