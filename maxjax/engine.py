@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from maxjax.driver import CPU, Buffer, Device
@@ -66,15 +67,25 @@ class Program:
         graph: a graph with its output set.
         scan: lower chains of calls of one subgraph to ``lax.scan`` (True by default).
         remat: wrap each scanned layer in ``jax.checkpoint`` (less memory when differentiating).
+        quantized_layout: how GGUF-quantized weights sit in device memory. ``"packed"``: the
+            file's blocks as they are (uint8, the file's size). ``"unpacked"``: one byte per quantized
+            value plus float32 scales and offsets per block
+            (:class:`~maxjax.graph.quantization.RepackedWeight`, about 1.25 bytes per weight for
+            Q4_1): on XLA:CPU its dequantization fuses into matrix-vector products at memory speed,
+            where the packed form's does not (see ``quantization.quantized_matmul``). Weights whose
+            graph uses are not all ``gather``/``qmatmul``/``dequantize`` stay packed.
     """
 
-    def __init__(self, graph: Graph, *, scan: bool = True, remat: bool = False):
+    def __init__(self, graph: Graph, *, scan: bool = True, remat: bool = False, quantized_layout: str = "packed"):
         if not isinstance(graph, Graph):
             raise TypeError(f"expected a maxjax Graph, got {type(graph).__name__}")
         if graph._outputs is None:
             raise ValueError(f"Graph {graph.name!r} has no output: call graph.output(...) before loading it")
+        if quantized_layout not in ("packed", "unpacked"):
+            raise ValueError(f"quantized_layout must be 'packed' or 'unpacked', got {quantized_layout!r}")
         self.graph = graph
         self.remat = remat
+        self.quantized_layout = quantized_layout
         self.chains = find_chains(graph) if scan else []
         stacked_names = {p + k for c in self.chains for k, e in c.sub._weights.items() if e.placeholder for p in c.prefixes}
         in_chain = {n.id for c in self.chains for n in c.nodes}
@@ -123,18 +134,31 @@ class Program:
         tick = progress or (lambda name: None)
         weights = {}
         for k in self._plain_keys:
-            weights[k] = to_jax_array(registry[k], self._target(self.graph._weights[k].weight, device))
+            w = self.graph._weights[k].weight
+            weights[k] = self._place(w, registry[k], self._target(w, device), _only_quantized_uses(self.graph, k))
             tick(k)
         stacked = []
         for chain in self.chains:
             arrays = stack_chain_weights(chain, lambda name: _host(registry[name]))
             placed = {}
             for k, v in arrays.items():
-                placed[k] = to_jax_array(v, self._target(chain.sub._weights[k].weight, device, stacked=True))
+                w = chain.sub._weights[k].weight
+                placed[k] = self._place(w, v, self._target(w, device, stacked=True), _only_quantized_uses(chain.sub, k))
                 for p in chain.prefixes:
                     tick(p + k)
             stacked.append(placed)
         return {"weights": weights, "stacked": stacked}
+
+    def _place(self, w: Any, value: Any, target: Any, quantized_uses_only: bool) -> Any:
+        enc = w.quantization_encoding
+        if self.quantized_layout == "unpacked" and enc is not None and enc.is_gguf and quantized_uses_only:
+            from maxjax.graph.quantization import RepackedWeight, repack
+
+            packed = np.asarray(_host(value))
+            lead = packed.shape[:-1]
+            r = repack(enc, jnp.asarray(packed.reshape(-1, packed.shape[-1])))
+            return RepackedWeight(*(None if a is None else jax.device_put(a.reshape(*lead, -1), target) for a in r))
+        return to_jax_array(value, target)
 
     @staticmethod
     def _target(w: Any, device: Any, stacked: bool = False) -> Any:
@@ -160,6 +184,30 @@ class Program:
                 for i, p in enumerate(chain.prefixes):
                     out[p + k] = v[i]
         return out
+
+
+_QUANTIZED_CONSUMERS = ("gather", "qmatmul[", "dequantize[")
+
+
+def _only_quantized_uses(graph: Graph, key: str) -> bool:
+    """True when every use of weight ``key`` of ``graph`` (in it and in subgraphs it calls) is an
+    op that accepts the unpacked quantized layout (``gather`` of rows, ``qmatmul``, ``dequantize``)."""
+    for node in graph._nodes:
+        if node.kind == "weight" and node.extra.key == key:
+            for user in graph._nodes:
+                for i, a in enumerate(user.args):
+                    if getattr(a, "_node", None) is node:
+                        if user.kind == "call" or not user.op.startswith(_QUANTIZED_CONSUMERS):
+                            return False
+                        if user.op == "gather" and (i != 0 or user.static.get("axis") not in (0, -2)):
+                            return False
+            if any(o._node is node for o in graph._outputs or ()):
+                return False
+        if node.kind == "call":
+            for sub_key, name in node.extra.keys.items():
+                if graph._weight_key(name)[0] == key and not _only_quantized_uses(node.extra.sub, sub_key):
+                    return False
+    return True
 
 
 def _host(value: Any) -> Any:

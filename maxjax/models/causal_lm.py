@@ -80,9 +80,21 @@ class CausalLM:
         tokenizer: a :class:`maxjax.tokenizer.Tokenizer`.
         dtype: activation and KV-cache dtype (float32 default; bfloat16 allowed).
         progress: show a progress bar while the weights are placed on the device.
+        quantized_layout: ``"unpacked"`` (default: one byte per quantized value plus per-block
+            scales, which decodes several times faster on CPU) or ``"packed"`` (the file's
+            blocks as they are); see :class:`maxjax.engine.Program`.
     """
 
-    def __init__(self, module: Any, config: LlamaConfig, tokenizer: Any, dtype: DType = DType.float32, progress: bool = False, source: str = ""):
+    def __init__(
+        self,
+        module: Any,
+        config: LlamaConfig,
+        tokenizer: Any,
+        dtype: DType = DType.float32,
+        progress: bool = False,
+        source: str = "",
+        quantized_layout: str = "unpacked",
+    ):
         self.module, self.config, self.tokenizer, self.dtype, self.source = module, config, tokenizer, dtype, source
         c = config
         cache = [c.num_hidden_layers, "batch", "cache_len", c.num_key_value_heads, c.head_dim]
@@ -94,7 +106,7 @@ class CausalLM:
             TensorType(DType.int32, ["batch"]),
         ]
         self.graph = Graph("causal_lm", forward=module, input_types=types)
-        self.program = Program(self.graph)
+        self.program = Program(self.graph, quantized_layout=quantized_layout)
         bar = _progress_bar(len(self.graph._weights), "loading weights") if progress else None
         try:
             self.state = self.program.prepare(module.state_dict(), progress=(lambda name: bar.update(1)) if bar else None)

@@ -90,6 +90,8 @@ def rms_norm(
 def _dequantize(x: Any, *, encoding: Any) -> Any:
     from maxjax.graph import quantization
 
+    if isinstance(x, quantization.RepackedWeight):  # the unpacked layout Program.prepare may choose
+        return x.dequantize()
     return quantization.dequantize(encoding, x)
 
 
@@ -105,10 +107,9 @@ def dequantize(encoding: Any, quantized: Any) -> Any:
 def _qmatmul(x: Any, w: Any, *, encoding: Any) -> Any:
     from maxjax.graph import quantization
 
-    fused = getattr(quantization, "quantized_matmul", None)
-    if fused is not None:
-        return fused(x, w, encoding)
-    return jnp.matmul(x, quantization.dequantize(encoding, w).T)
+    if isinstance(w, quantization.RepackedWeight):  # the unpacked layout Program.prepare may choose
+        return quantization.repacked_matmul(x, w)
+    return quantization.quantized_matmul(x, w, encoding)
 
 
 def qmatmul(encoding: Any, config: Any, lhs: Any, *rhs: Any) -> Any:
