@@ -306,3 +306,21 @@ def test_lying_lengths_in_the_header_are_reported_not_looped_over(tmp_path):
     p = _write_bad(tmp_path, "count.gguf", bytes(raw))
     with pytest.raises(WeightsFileError, match=r"count.gguf: truncated or corrupted header"):
         GGUFWeights(p)
+
+
+def test_file_truncated_after_opening_raises_instead_of_crashing(tmp_path):
+    path = write_gguf(tmp_path / "shrink.gguf", {"a": (np.ones(1024, np.float32), None), "b": (np.ones(1024, np.float32), None)})
+    w = GGUFWeights(path)
+    os.truncate(path, os.path.getsize(path) - 4096)
+    with pytest.raises(WeightsFileError, match=r"shrink.gguf: the file shrank to \d+ bytes since it was opened"):
+        w.b.data()
+
+
+def test_nothing_is_read_until_data(tmp_path):
+    path = write_gguf(tmp_path / "lazy.gguf", {"w": (np.zeros(64, np.float32), None)})
+    w = GGUFWeights(path)
+    offset = int(w.reader.tensors[0].data_offset)
+    with open(path, "r+b") as f:  # change the tensor's bytes on disk after opening
+        f.seek(offset)
+        f.write(np.full(64, 5.0, np.float32).tobytes())
+    np.testing.assert_array_equal(w.w.data().to_numpy(), np.full(64, 5.0, np.float32))

@@ -248,6 +248,17 @@ def test_one_map_and_at_most_one_descriptor_per_file(tmp_path):
     w.close()
 
 
+def test_a_file_truncated_after_opening_raises_instead_of_crashing(tmp_path):
+    path = _write(tmp_path / "t.safetensors", {"a": np.ones(1024, np.float32), "b": np.ones(1024, np.float32)})
+    w = SafetensorWeights([path])
+    os.truncate(path, os.path.getsize(path) - 4096)
+    with pytest.raises(WeightsFileError, match=r"t.safetensors: the file shrank to \d+ bytes since it was opened"):
+        w.b.data()
+    w.close()
+    with pytest.raises(WeightsFileError, match="the weights were closed"):
+        w.a.data()
+
+
 def test_zero_copy_arrays_alias_the_file_map_and_copies_do_not(tmp_path):
     arr = np.arange(64, dtype=np.float32)
     path = str(tmp_path / "z.safetensors")

@@ -43,12 +43,13 @@ class MappedFile:
         mm: the ``mmap.mmap`` behind ``array`` (for releasing pages), or None.
     """
 
-    __slots__ = ("path", "array", "_mm")
+    __slots__ = ("path", "array", "_mm", "_closed")
 
     def __init__(self, path: str, array: np.ndarray, mm: mmap.mmap | None = None):
         self.path = path
         self.array = array
         self._mm = mm
+        self._closed = False
 
     @classmethod
     def open(cls, path: str) -> "MappedFile":
@@ -74,12 +75,31 @@ class MappedFile:
         return int(self.array.shape[0])
 
     def view(self, offset: int, nbytes: int) -> np.ndarray:
-        """The bytes ``[offset, offset + nbytes)`` as a read-only ``uint8`` view (no copy)."""
-        if offset < 0 or offset + nbytes > self.size:
-            raise ValueError(
-                f"{self.path}: bytes [{offset}, {offset + nbytes}) are outside the file ({self.size} bytes)"
-            )
-        return self.array[offset : offset + nbytes]
+        """The bytes ``[offset, offset + nbytes)`` as a read-only ``uint8`` view (no copy).
+
+        Raises:
+            WeightsFileError: the range is outside the file, the file has shrunk since it was
+                mapped (reading it would kill the process with SIGBUS), or the map was closed.
+        """
+        from maxjax.graph.weights.errors import WeightsFileError
+
+        if self._closed:
+            raise WeightsFileError(self.path, "the weights were closed; open them again to read")
+        end = offset + nbytes
+        if offset < 0 or end > self.size:
+            raise WeightsFileError(self.path, f"bytes [{offset}, {end}) are outside the file ({self.size} bytes)")
+        if self._mm is not None and nbytes:
+            try:
+                now = self._mm.size()  # fstat of the mapped file: did someone truncate it?
+            except (OSError, ValueError):  # pragma: no cover
+                now = None
+            if now is not None and now < end:
+                raise WeightsFileError(
+                    self.path,
+                    f"the file shrank to {now} bytes since it was opened ({self.size} bytes); bytes "
+                    f"[{offset}, {end}) are gone: reopen it",
+                )
+        return self.array[offset:end]
 
     def release(self, offset: int, nbytes: int) -> None:
         """Drops the whole pages of ``[offset, offset + nbytes)`` from this process's resident set.
@@ -101,6 +121,7 @@ class MappedFile:
     def close(self) -> None:
         """Unmaps the file, unless arrays still use the map (it then goes when they do)."""
         mm, self._mm = self._mm, None
+        self._closed = True
         self.array = np.zeros(0, np.uint8)
         if mm is not None:
             try:
