@@ -7,6 +7,7 @@ nodes in order inside ``jax.jit`` (see :mod:`maxjax.engine`); nothing is hand-lo
 
 from __future__ import annotations
 
+import contextvars
 import difflib
 import threading
 from dataclasses import dataclass, field
@@ -22,10 +23,14 @@ from maxjax.graph.value import TensorValue
 __all__ = ["Graph", "Node"]
 
 
+#: Names of the layers whose ``__call__`` is running (set by ``maxjax.nn.Layer``).
+MODULE_SCOPE: contextvars.ContextVar[str] = contextvars.ContextVar("maxjax_module_scope", default="")
+
+
 class Node:
     """One recorded operation. ``kind`` is ``input``, ``weight``, ``const``, ``op`` or ``call``."""
 
-    __slots__ = ("id", "kind", "op", "fn", "args", "static", "out_avals", "treedef", "device", "extra")
+    __slots__ = ("id", "kind", "op", "fn", "args", "static", "out_avals", "treedef", "device", "extra", "scope")
 
     def __init__(
         self,
@@ -50,6 +55,9 @@ class Node:
         self.treedef = treedef
         self.device = device or DeviceRef.CPU()
         self.extra = extra
+        #: the layers being called when the node was recorded (e.g. "Transformer/Linear"); the
+        #: graph's compiled program names its ops with it (``jax.named_scope``)
+        self.scope = MODULE_SCOPE.get()
 
     def label(self, index: int = 0) -> str:
         if self.kind == "input":
@@ -373,7 +381,7 @@ class Graph:
             return f"{DType.from_numpy(aval.dtype).name}[{', '.join(str(d) for d in aval.shape)}]"
 
         def arg(a: Any) -> str:
-            return a._node.label(a._index) if isinstance(a, TensorValue) else repr(a)
+            return a._node.label(a._index) if isinstance(a, TensorValue) else _show(a)
 
         ins = ", ".join(f"input{i}: {ty(n.out_avals[0])}" for i, n in enumerate(self._nodes) if n.kind == "input")
         lines = [f"graph {self.name}({ins}) {{"]
@@ -384,7 +392,7 @@ class Graph:
             elif n.kind in ("op", "call", "const"):
                 outs = ", ".join(ty(a) for a in n.out_avals)
                 args = ", ".join(arg(a) for a in n.args)
-                static = ", ".join(f"{k}={v}" for k, v in n.static.items() if v is not None)
+                static = ", ".join(f"{k}={_show(v)}" for k, v in n.static.items() if v is not None)
                 sep = ", " if args and static else ""
                 lines.append(f"  {n.label()} = {n.op}({args}{sep}{static}) : {outs}")
         if self._outputs is not None:
@@ -395,6 +403,22 @@ class Graph:
     def __repr__(self) -> str:
         ins = ", ".join(str(t.shape) for t in self._input_types)
         return f"Graph({self.name!r}, inputs=[{ins}], {len(self._nodes)} nodes, {len(self._weights)} weights)"
+
+
+def _show(v: Any) -> str:
+    """A compact form of an op's static argument for the printed graph."""
+    if isinstance(v, Dim):
+        return str(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_show(x) for x in v) + "]"
+    if isinstance(v, slice):
+        parts = ["" if x is None else _show(x) for x in (v.start, v.stop)]
+        return ":".join(parts) + ("" if v.step is None else f":{_show(v.step)}")
+    if v is Ellipsis:
+        return "..."
+    if isinstance(v, np.dtype) or (isinstance(v, type) and issubclass(v, np.generic)):
+        return np.dtype(v).name
+    return repr(v)
 
 
 def _differ(a: Any, b: Any) -> bool:

@@ -269,7 +269,8 @@ def evaluate(
             continue
         if kind == "op":
             a = [arg(x) for x in node.args]
-            out = node.fn(*a, **concretize(node.static, env)) if node.static else node.fn(*a)
+            with jax.named_scope(node.scope or node.op):
+                out = node.fn(*a, **concretize(node.static, env)) if node.static else node.fn(*a)
             vals[node.id] = jax.tree.leaves(out) if node.treedef is not None else [out]
         elif kind == "input":
             vals[node.id] = [args[node.extra]]

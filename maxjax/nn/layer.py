@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from maxjax.dtype import DType
-from maxjax.graph.graph import Graph, _to_type, current_graph
+from maxjax.graph.graph import MODULE_SCOPE, Graph, _to_type, current_graph
 from maxjax.graph.ops.call import current_weight_scope, weight_scope
 from maxjax.graph.type import Shape, TensorType
 from maxjax.graph.value import TensorValue
@@ -137,8 +137,13 @@ def _wrap_call(call: Callable[..., Any]) -> Callable[..., Any]:
             if current_graph() is None:
                 with jax.named_scope(type(self).__name__):
                     out = call(self, *args, **kwargs)
-            else:
-                out = call(self, *args, **kwargs)
+            else:  # graph mode: nodes remember the layer path for the compiled program's op names
+                outer = MODULE_SCOPE.get()
+                token = MODULE_SCOPE.set(f"{outer}/{type(self).__name__}" if outer else type(self).__name__)
+                try:
+                    out = call(self, *args, **kwargs)
+                finally:
+                    MODULE_SCOPE.reset(token)
             for hook in tuple(_HOOKS):
                 result = hook(self, args, kwargs, out)
                 if result is not None:
