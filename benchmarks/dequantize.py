@@ -240,7 +240,8 @@ def main() -> None:
         a.rows = a.cols = 1024
     if a.cols % 256:
         p.error("--cols must be a multiple of 256 (the k-quant block)")
-    info = f"jax {jax.__version__}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
+    info = (f"jax {jax.__version__}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+            f"load average at start {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(f"# {info}")
     print(f"\n## Dequantization of a {a.rows}x{a.cols} tensor ({a.rows * a.cols * 4 / 1e6:.0f} MB of float32)")
     deq = bench_dequantize(a.rows, a.cols, a.numpy_rounds)
@@ -278,6 +279,8 @@ def main() -> None:
         for k, v in decode.items():
             print(f"| {k} | {v['ms']:.1f} | {v['weight_mb']:.0f} | {v['gbps']:.1f} |")
 
+    info += f", at end {os.getloadavg()[0]:.1f}"
+    print(f"\n# {info}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = "dequantize_quick" if a.quick else "dequantize"
     (RESULTS / f"{stem}.json").write_text(
