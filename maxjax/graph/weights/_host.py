@@ -67,7 +67,7 @@ class MappedFile:
 
     @classmethod
     def from_memmap(cls, path: str, memmap: np.ndarray) -> "MappedFile":
-        """Wraps a ``numpy.memmap`` of a whole file (as ``gguf.GGUFReader.data`` is)."""
+        """Wraps a ``numpy.memmap`` of a whole file (as ``gguf.GGUFReader`` makes)."""
         return cls(path, memmap.view(np.ndarray), getattr(memmap, "_mmap", None))
 
     @property
@@ -162,7 +162,7 @@ def to_device(
     would narrow (see the module docstring for the copy and zero-copy modes).
 
     Raises:
-        ValueError: the bytes are outside the file.
+        WeightsFileError: the bytes are outside the file, or the file shrank since it was mapped.
     """
     dtype = np.dtype(dtype)
     shape = tuple(int(d) for d in shape)
