@@ -139,6 +139,7 @@ def test_naming_properties(names, data):
         w.close()
 
 
+@settings(max_examples=50, deadline=None)
 @given(st.lists(st.from_regex(r"[a-z]{1,3}(\.[0-9]{1,2}){0,2}", fullmatch=True), unique=True, max_size=20))
 def test_natural_order_sorts_numbers_numerically(names):
     ordered = select_prefix(names, "")
