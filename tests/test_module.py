@@ -295,3 +295,14 @@ def test_module_to_moves_weights_and_sets_sharding_strategy():
     shards = p.child.w.shard([DeviceRef.CPU(0), DeviceRef.CPU(1)])
     assert [s.name for s in shards] == ["child.kernel[0]", "child.kernel[1]"]
     assert [list(s.shape) for s in shards] == [[1, 3], [1, 3]]
+
+
+def test_bfloat16_numpy_weights_load_and_run():
+    import ml_dtypes
+
+    lin = nn.Linear(2, 3, DType.bfloat16, DeviceRef.CPU())
+    w = np.arange(6, dtype=np.float32).reshape(3, 2).astype(ml_dtypes.bfloat16)
+    lin.load_state_dict({"weight": w})
+    out = lin(np.ones((1, 2), ml_dtypes.bfloat16))
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(out, np.float32), [[1.0, 5.0, 9.0]])

@@ -59,9 +59,10 @@ def to_jax_array(value: Any, device: Any = None) -> jax.Array:
 
     if isinstance(value, jax.Array):
         return value if device is None else jax.device_put(value, device)
-    inner = getattr(value, "data", None)
-    if type(value).__name__ == "WeightData" and inner is not None:
-        return to_jax_array(inner, device)
+    if isinstance(value, np.ndarray):
+        return jax.device_put(value, device) if device is not None else jnp.asarray(value)
+    if type(value).__name__ == "WeightData":
+        return to_jax_array(value.data, device)
     if isinstance(value, Buffer):
         return to_jax_array(value.to_jax(), device)
     if isinstance(value, TensorValue):
