@@ -199,7 +199,9 @@ def _only_quantized_uses(graph: Graph, key: str) -> bool:
                     if getattr(a, "_node", None) is node:
                         if user.kind == "call" or not user.op.startswith(_QUANTIZED_CONSUMERS):
                             return False
-                        if user.op == "gather" and (i != 0 or user.static.get("axis") not in (0, -2)):
+                        if user.op == "gather" and (
+                            i != 0 or user.static.get("axis") not in (0, -2) or not _only_dequantized(graph, user)
+                        ):
                             return False
             if any(o._node is node for o in graph._outputs or ()):
                 return False
@@ -208,6 +210,13 @@ def _only_quantized_uses(graph: Graph, key: str) -> bool:
                 if graph._weight_key(name)[0] == key and not _only_quantized_uses(node.extra.sub, sub_key):
                     return False
     return True
+
+
+def _only_dequantized(graph: Graph, gather: Any) -> bool:
+    """Every use of the rows a gather took from a quantized weight is a ``dequantize``."""
+    uses = [u for u in graph._nodes for a in u.args if getattr(a, "_node", None) is gather]
+    outputs = any(o._node is gather for o in graph._outputs or ())
+    return not outputs and all(u.kind == "op" and u.op.startswith("dequantize[") for u in uses)
 
 
 def _host(value: Any) -> Any:
