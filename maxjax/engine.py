@@ -81,8 +81,10 @@ class Program:
             raise TypeError(f"expected a maxjax Graph, got {type(graph).__name__}")
         if graph._outputs is None:
             raise ValueError(f"Graph {graph.name!r} has no output: call graph.output(...) before loading it")
-        if quantized_layout not in ("packed", "unpacked"):
-            raise ValueError(f"quantized_layout must be 'packed' or 'unpacked', got {quantized_layout!r}")
+        if quantized_layout not in ("packed", "unpacked", "dequantized"):
+            raise ValueError(
+                f"quantized_layout must be 'packed', 'unpacked' or 'dequantized', got {quantized_layout!r}"
+            )
         self.graph = graph
         self.remat = remat
         self.quantized_layout = quantized_layout
@@ -147,16 +149,20 @@ class Program:
                 for p in chain.prefixes:
                     tick(p + k)
             stacked.append(placed)
-        return {"weights": weights, "stacked": stacked}
+        state = {"weights": weights, "stacked": stacked}
+        return jax.block_until_ready(state)  # loaded means loaded: no copy still running behind
 
     def _place(self, w: Any, value: Any, target: Any, quantized_uses_only: bool) -> Any:
         enc = w.quantization_encoding
-        if self.quantized_layout == "unpacked" and enc is not None and enc.is_gguf and quantized_uses_only:
-            from maxjax.graph.quantization import RepackedWeight, repack
+        if self.quantized_layout != "packed" and enc is not None and enc.is_gguf and quantized_uses_only:
+            from maxjax.graph.quantization import RepackedWeight, dequantize, repack
 
             packed = np.asarray(_host(value))
             lead = packed.shape[:-1]
-            r = repack(enc, jnp.asarray(packed.reshape(-1, packed.shape[-1])))
+            flat = jnp.asarray(packed.reshape(-1, packed.shape[-1]))
+            if self.quantized_layout == "dequantized":
+                return jax.device_put(dequantize(enc, flat).reshape(*lead, -1), target)
+            r = repack(enc, flat)
             return RepackedWeight(*(None if a is None else jax.device_put(a.reshape(*lead, -1), target) for a in r))
         return to_jax_array(value, target)
 

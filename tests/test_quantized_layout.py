@@ -40,14 +40,15 @@ def test_unpacked_layout_matches_packed(enc, qtype):
     g = Graph("tiny", forward=m, input_types=[TensorType(DType.int32, ["batch", 3], DeviceRef.CPU())])
     ids = RNG.integers(0, 40, (2, 3)).astype(np.int32)
     outs = {}
-    for layout in ("packed", "unpacked"):
+    for layout in ("packed", "unpacked", "dequantized"):
         prog = Program(g, quantized_layout=layout)
         state = prog.prepare(m.state_dict())
-        kinds = {k: type(v).__name__ for k, v in state["weights"].items()}
-        expected = "RepackedWeight" if layout == "unpacked" else "ArrayImpl"
-        assert kinds == {"embed.weight": expected, "proj.weight": expected}
+        kinds = {k: (type(v).__name__, str(getattr(v, "dtype", ""))) for k, v in state["weights"].items()}
+        expected = {"packed": ("ArrayImpl", "uint8"), "unpacked": ("RepackedWeight", ""), "dequantized": ("ArrayImpl", "float32")}
+        assert kinds == {"embed.weight": expected[layout], "proj.weight": expected[layout]}
         outs[layout] = np.asarray(jax.jit(prog.apply)(state, ids)[0])
     np.testing.assert_allclose(outs["unpacked"], outs["packed"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outs["dequantized"], outs["packed"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(outs["packed"], np.asarray(m(ids)), rtol=1e-5, atol=1e-5)
 
 
@@ -65,5 +66,17 @@ def test_weights_used_as_bytes_stay_packed():
     g = Graph("b", forward=m, input_types=[TensorType(DType.float32, [1, 64], DeviceRef.CPU())])
     state = Program(g, quantized_layout="unpacked").prepare(m.state_dict())
     assert not isinstance(state["weights"]["proj.weight"], RepackedWeight)
-    with pytest.raises(ValueError, match="quantized_layout must be 'packed' or 'unpacked'"):
+    with pytest.raises(ValueError, match="quantized_layout must be 'packed', 'unpacked' or 'dequantized'"):
         Program(g, quantized_layout="fast")
+
+
+def test_repacked_matmul_of_a_large_weight_in_row_blocks_matches():
+    from maxjax.graph.quantization import dequantize, repack, repacked_matmul
+
+    packed = _quantized(8192 + 4096, 64, gguf.GGMLQuantizationType.Q8_0)  # three 4096-row blocks
+    r = repack(QuantizationEncoding.Q8_0, jax.numpy.asarray(packed))
+    w = np.asarray(dequantize(QuantizationEncoding.Q8_0, jax.numpy.asarray(packed)), np.float64)
+    x = RNG.standard_normal((2, 3, 64)).astype(np.float32)
+    out = np.asarray(jax.jit(repacked_matmul)(x, r))
+    assert out.shape == (2, 3, 12288)
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-4)

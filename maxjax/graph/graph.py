@@ -168,6 +168,7 @@ class Graph:
         self._weights_view: Any = None
         self._jitted: Any = None
         self._trace_count = 0
+        self._call_shapes: dict[Any, Any] = {}  # ops.call: argument signature -> output avals
         self.inputs = tuple(
             TensorValue._from_node(
                 self,

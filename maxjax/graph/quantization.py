@@ -23,6 +23,7 @@ which is how ``gguf.GGUFReader`` returns quantized tensors (``ReaderTensor.data`
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
@@ -617,4 +618,19 @@ def repacked_matmul(x: jax.Array, weight: RepackedWeight) -> jax.Array:
             f"repacked_matmul: x has {x.shape[-1] if x.ndim else None} features (shape "
             f"{tuple(x.shape)}) but the weight has {cols} columns"
         )
+    rows = weight.values.shape[0]
+    lead = math.prod(x.shape[:-1])
+    if weight.values.ndim == 2 and lead > 1 and rows >= 2 * _ROW_CHUNK and rows % _ROW_CHUNK == 0:
+        # Several input rows: XLA dequantizes the whole weight into a float32 temporary before its
+        # GEMM. For a large weight (an LM head: 49152 x 576) that temporary costs more than the
+        # matmul (fresh pages); dequantize and multiply one block of rows at a time instead.
+        n = rows // _ROW_CHUNK
+        chunks = jax.tree.map(lambda a: a.reshape(n, _ROW_CHUNK, *a.shape[1:]), weight)
+        flat = x.reshape(lead, cols)
+        out = lax.map(lambda w: jnp.matmul(flat, _combine(w).T, precision=lax.Precision.HIGHEST), chunks)
+        return jnp.moveaxis(out, 0, 1).reshape(*x.shape[:-1], rows)
     return jnp.matmul(x, _combine(weight).T, precision=lax.Precision.HIGHEST)
+
+
+#: rows of a large repacked weight dequantized at a time by :func:`repacked_matmul` (batch > 1)
+_ROW_CHUNK = 4096

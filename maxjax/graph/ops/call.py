@@ -167,11 +167,16 @@ def call(graph: Graph, *args: Any, prefix: str = "") -> list[Any]:
     site = CallSite(graph, prefix, caller)
     for k, name in site.keys.items():
         caller._require_weight(name, graph._weights[k].weight)
-    weight_avals = {k: e.weight._aval for k, e in graph._weights.items()}
-    try:
-        out_avals = jax.eval_shape(graph._evaluate, weight_avals, [v._aval for v in vals])
-    except Exception as e:
-        raise ValueError(f"call to {graph.name}: {e}") from None
+    arg_avals = [v._aval for v in vals]
+    key = tuple((str(a.shape), str(a.dtype)) for a in arg_avals)
+    out_avals = graph._call_shapes.get(key)  # one shape inference per argument signature
+    if out_avals is None:
+        weight_avals = {k: e.weight._aval for k, e in graph._weights.items()}
+        try:
+            out_avals = jax.eval_shape(graph._evaluate, weight_avals, arg_avals)
+        except Exception as e:
+            raise ValueError(f"call to {graph.name}: {e}") from None
+        graph._call_shapes[key] = out_avals
     node = caller._add_node(
         Node("call", f"call[{graph.name}, prefix={prefix!r}]", out_avals, args=tuple(vals), extra=site)
     )

@@ -92,6 +92,8 @@ def _dequantize(x: Any, *, encoding: Any) -> Any:
 
     if isinstance(x, quantization.RepackedWeight):  # the unpacked layout Program.prepare may choose
         return x.dequantize()
+    if x.dtype == jnp.float32:  # the dequantized layout Program.prepare may choose
+        return x
     return quantization.dequantize(encoding, x)
 
 
@@ -109,6 +111,8 @@ def _qmatmul(x: Any, w: Any, *, encoding: Any) -> Any:
 
     if isinstance(w, quantization.RepackedWeight):  # the unpacked layout Program.prepare may choose
         return quantization.repacked_matmul(x, w)
+    if w.dtype == jnp.float32:  # the dequantized layout Program.prepare may choose
+        return jnp.matmul(x, w.T, precision=jax.lax.Precision.HIGHEST)
     return quantization.quantized_matmul(x, w, encoding)
 
 
