@@ -91,23 +91,21 @@ class AttentionWithRope(Module):
         keys = ops.gather(k_cache, layer_idx, axis=0)  # [batch, max_seq, kv, d]
         values = ops.gather(v_cache, layer_idx, axis=0)
         max_seq = keys.shape[1]
+        if groups > 1:  # each query head reads its KV head (Hugging Face's repeat_kv)
+            keys = ops.repeat_interleave(keys, groups, axis=2)
+            values = ops.repeat_interleave(values, groups, axis=2)
 
-        # queries grouped by their KV head: [batch, kv, groups * seq, d]
-        qg = ops.permute(ops.reshape(q, [batch, seq, kv, groups, d]), [0, 2, 3, 1, 4])
-        qg = ops.reshape(qg, [batch, kv, groups * seq, d])
-        kt = ops.permute(ops.cast(keys, q.dtype), [0, 2, 3, 1])  # [batch, kv, d, max_seq]
-        scores = (qg @ kt) * self.scale  # [batch, kv, groups * seq, max_seq]
-
+        qh = ops.permute(q, [0, 2, 1, 3])  # [batch, h, seq, d]
+        kt = ops.permute(ops.cast(keys, q.dtype), [0, 2, 3, 1])  # [batch, h, d, max_seq]
+        scores = (qh @ kt) * self.scale  # [batch, h, seq, max_seq]
         key_pos = ops.range(0, max_seq, 1, dtype=DType.int32)
-        q_pos = ops.reshape(
-            ops.broadcast_to(ops.unsqueeze(ops.cast(positions, DType.int32), 1), [batch, groups, seq]),
-            [batch, 1, groups * seq, 1],
-        )
-        visible = ops.greater_equal(q_pos, key_pos)  # [batch, 1, groups * seq, max_seq]
+        q_pos = ops.reshape(ops.cast(positions, DType.int32), [batch, 1, seq, 1])
+        visible = ops.greater_equal(q_pos, key_pos)  # [batch, 1, seq, max_seq]
         neg = ops.constant(-math.inf, DType.float32)
         scores = ops.where(visible, ops.cast(scores, DType.float32), neg)
         probs = ops.cast(ops.softmax(scores, axis=-1), q.dtype)
-        ctx = probs @ ops.permute(ops.cast(values, q.dtype), [0, 2, 1, 3])  # [batch, kv, groups * seq, d]
-        ctx = ops.permute(ops.reshape(ctx, [batch, kv, groups, seq, d]), [0, 3, 1, 2, 4])
-        out = self.o_proj(ops.reshape(ctx, [batch, seq, h * d]))
+        ctx = probs @ ops.permute(ops.cast(values, q.dtype), [0, 2, 1, 3])  # [batch, h, seq, d]
+        # the heads of a position end up contiguous ([..., h, d] -> [..., h * d]); keeping the
+        # attention output in this layout lets XLA fuse o_proj's dequantization cheaply
+        out = self.o_proj(ops.reshape(ops.permute(ctx, [0, 2, 1, 3]), [batch, seq, h * d]))
         return out, k_cache, v_cache
