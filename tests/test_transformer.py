@@ -67,7 +67,7 @@ def model():
 
 
 def _types(batch="batch"):
-    cache = [CFG.num_hidden_layers, batch, CACHE, CFG.num_key_value_heads, CFG.head_dim]
+    cache = [CFG.num_hidden_layers, batch, CFG.num_key_value_heads, CACHE, CFG.head_dim]
     return [
         TensorType(DType.int32, [batch, "seq"]),
         TensorType(DType.int32, [batch, "seq"]),
@@ -78,7 +78,7 @@ def _types(batch="batch"):
 
 
 def _cache(b):
-    return np.zeros((CFG.num_hidden_layers, b, CACHE, CFG.num_key_value_heads, CFG.head_dim), np.float32)
+    return np.zeros((CFG.num_hidden_layers, b, CFG.num_key_value_heads, CACHE, CFG.head_dim), np.float32)
 
 
 def test_tied_weights_and_names(model):

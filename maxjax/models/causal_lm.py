@@ -97,7 +97,7 @@ class CausalLM:
     ):
         self.module, self.config, self.tokenizer, self.dtype, self.source = module, config, tokenizer, dtype, source
         c = config
-        cache = [c.num_hidden_layers, "batch", "cache_len", c.num_key_value_heads, c.head_dim]
+        cache = [c.num_hidden_layers, "batch", c.num_key_value_heads, "cache_len", c.head_dim]
         types = [
             TensorType(DType.int32, ["batch", "seq"]),
             TensorType(DType.int32, ["batch", "seq"]),
@@ -176,9 +176,9 @@ class CausalLM:
 
     # -- running ---------------------------------------------------------------------------------
     def new_cache(self, batch: int, cache_len: int) -> tuple[jax.Array, jax.Array]:
-        """Zero K and V caches ``[n_layers, batch, cache_len, n_kv_heads, head_dim]``."""
+        """Zero K and V caches ``[n_layers, batch, n_kv_heads, cache_len, head_dim]``."""
         c = self.config
-        shape = (c.num_hidden_layers, batch, cache_len, c.num_key_value_heads, c.head_dim)
+        shape = (c.num_hidden_layers, batch, c.num_key_value_heads, cache_len, c.head_dim)
         return jnp.zeros(shape, self.dtype.to_jax()), jnp.zeros(shape, self.dtype.to_jax())
 
     def prefill(self, tokens: np.ndarray, lengths: Sequence[int], k_cache: Any, v_cache: Any, key: Any = None, **sampling: Any) -> tuple[Any, Any, Any, Any]:

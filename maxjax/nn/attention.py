@@ -1,7 +1,7 @@
 """``AttentionWithRope``: grouped-query causal self-attention with rotary embedding and a KV cache.
 
-The KV cache of a whole model is two arrays ``[n_layers, batch, max_seq_len, n_kv_heads,
-head_dim]`` (keys, values). A layer writes the keys and values of its new tokens at their
+The KV cache of a whole model is two arrays ``[n_layers, batch, n_kv_heads, max_seq_len,
+head_dim]`` (keys, values; KV-head-major, so a layer's keys are read without a transpose). A layer writes the keys and values of its new tokens at their
 positions (``ops.scatter_nd``, in place under ``jax.jit`` with the cache donated) and attends over
 the whole cache row with the mask ``key_position <= query_position``, so padded prompts of
 different lengths share one batch: positions past a sequence's end hold values nothing attends to
@@ -38,7 +38,7 @@ class AttentionWithRope(Module):
         quantization_encoding: GGUF encoding of the projection weights (packed), or None.
 
     ``__call__(x, k_cache, v_cache, layer_idx, positions)``:
-        x ``[batch, seq, hidden]``; caches ``[n_layers, batch, max_seq, n_kv_heads, head_dim]``;
+        x ``[batch, seq, hidden]``; caches ``[n_layers, batch, n_kv_heads, max_seq, head_dim]``;
         layer_idx a scalar int32; positions int32 ``[batch, seq]``. Returns
         ``(out [batch, seq, hidden], k_cache, v_cache)`` with this layer's new entries written.
     """
@@ -81,30 +81,31 @@ class AttentionWithRope(Module):
         q = self.rope(q, positions)
         k = self.rope(k, positions)
 
-        # write this layer's new keys/values at (layer, b, position)
-        b_idx = ops.broadcast_to(ops.unsqueeze(ops.range(0, batch, 1, dtype=DType.int32), 1), [batch, seq])
-        l_idx = ops.broadcast_to(ops.cast(layer_idx, DType.int32), [batch, seq])
-        idx = ops.stack([l_idx, b_idx, ops.cast(positions, DType.int32)], axis=-1)
+        # write this layer's new keys/values at (layer, b, kv head, position)
+        b_idx = ops.broadcast_to(ops.reshape(ops.range(0, batch, 1, dtype=DType.int32), [batch, 1, 1]), [batch, seq, kv])
+        l_idx = ops.broadcast_to(ops.cast(layer_idx, DType.int32), [batch, seq, kv])
+        h_idx = ops.broadcast_to(ops.range(0, kv, 1, dtype=DType.int32), [batch, seq, kv])
+        p_idx = ops.broadcast_to(ops.unsqueeze(ops.cast(positions, DType.int32), -1), [batch, seq, kv])
+        idx = ops.stack([l_idx, b_idx, h_idx, p_idx], axis=-1)  # [batch, seq, kv, 4]
         k_cache = ops.scatter_nd(k_cache, k, idx)
         v_cache = ops.scatter_nd(v_cache, v, idx)
 
-        keys = ops.gather(k_cache, layer_idx, axis=0)  # [batch, max_seq, kv, d]
+        keys = ops.gather(k_cache, layer_idx, axis=0)  # [batch, kv, max_seq, d]
         values = ops.gather(v_cache, layer_idx, axis=0)
-        max_seq = keys.shape[1]
+        max_seq = keys.shape[2]
         if groups > 1:  # each query head reads its KV head (Hugging Face's repeat_kv)
-            keys = ops.repeat_interleave(keys, groups, axis=2)
-            values = ops.repeat_interleave(values, groups, axis=2)
+            keys = ops.repeat_interleave(keys, groups, axis=1)
+            values = ops.repeat_interleave(values, groups, axis=1)
 
         qh = ops.permute(q, [0, 2, 1, 3])  # [batch, h, seq, d]
-        kt = ops.permute(ops.cast(keys, q.dtype), [0, 2, 3, 1])  # [batch, h, d, max_seq]
-        scores = (qh @ kt) * self.scale  # [batch, h, seq, max_seq]
+        scores = (qh @ ops.transpose(ops.cast(keys, q.dtype), -1, -2)) * self.scale  # [batch, h, seq, max_seq]
         key_pos = ops.range(0, max_seq, 1, dtype=DType.int32)
         q_pos = ops.reshape(ops.cast(positions, DType.int32), [batch, 1, seq, 1])
         visible = ops.greater_equal(q_pos, key_pos)  # [batch, 1, seq, max_seq]
         neg = ops.constant(-math.inf, DType.float32)
         scores = ops.where(visible, ops.cast(scores, DType.float32), neg)
         probs = ops.cast(ops.softmax(scores, axis=-1), q.dtype)
-        ctx = probs @ ops.permute(ops.cast(values, q.dtype), [0, 2, 1, 3])  # [batch, h, seq, d]
+        ctx = probs @ ops.cast(values, q.dtype)  # [batch, h, seq, d]
         # the heads of a position end up contiguous ([..., h, d] -> [..., h * d]); keeping the
         # attention output in this layout lets XLA fuse o_proj's dequantization cheaply
         out = self.o_proj(ops.reshape(ops.permute(ctx, [0, 2, 1, 3]), [batch, seq, h * d]))

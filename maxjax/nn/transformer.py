@@ -49,7 +49,7 @@ class Transformer(Module):
     ``set_shared_weight`` and has no key of its own).
 
     ``__call__(tokens, positions, k_cache, v_cache, last_index)``:
-        tokens, positions int32 ``[batch, seq]``; caches ``[n_layers, batch, max_seq, n_kv, head_dim]``;
+        tokens, positions int32 ``[batch, seq]``; caches ``[n_layers, batch, n_kv, max_seq, head_dim]``;
         last_index int32 ``[batch]``: which position's logits to return for each row.
         Returns ``(logits float32 [batch, vocab], k_cache, v_cache)``.
     """
