@@ -121,3 +121,45 @@ def test_unsupported_architecture_gguf(tmp_path, capsys):
         load_model(path)
     assert cli_main(["generate", "--model", str(path), "hi"]) == 1
     assert "unsupported architecture 'gpt2'" in capsys.readouterr().err
+
+
+def _hf_name(name: str) -> str:
+    return name if name == "lm_head.weight" else "model." + name
+
+
+def test_hugging_face_directory_and_cache_id_load_the_same_model(lm, tmp_path, monkeypatch):
+    """The GGUF's weights written as a Hugging Face llama directory (float32 safetensors, config.json,
+    tokenizer.json) generate the same greedy tokens, from the directory and by repo id from a cache."""
+    import safetensors.numpy
+
+    from maxjax.graph.weights import GGUFWeights
+    from maxjax.graph.weights.adapters import llama_from_gguf
+    from maxjax.models.causal_lm import resolve_model_path
+
+    model_dir = tmp_path / "snapshot"
+    model_dir.mkdir()
+    state = llama_from_gguf(GGUFWeights(lm.source))
+    safetensors.numpy.save_file(
+        {_hf_name(k): np.ascontiguousarray(v.dequantize().to_numpy() if v.quantization_encoding else v.to_numpy(), np.float32) for k, v in state.items()},
+        str(model_dir / "model.safetensors"),
+    )
+    config = dict(lm.config.to_dict(), architectures=["LlamaForCausalLM"], model_type="llama")
+    (model_dir / "config.json").write_text(json.dumps(config))
+    lm.tokenizer.backend.save(str(model_dir / "tokenizer.json"))
+    (model_dir / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": lm.tokenizer.chat_template, "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False})
+    )
+    hf = load_model(model_dir)
+    assert hf.config == lm.config
+    out = hf.generate([REF["raw"]["prompt"]], 8, stop_at_eos=False)[0]
+    assert out.prompt_ids == REF["raw"]["prompt_ids"]
+    assert out.token_ids == REF["raw"]["greedy"]["token_ids"][:8]
+
+    hub = tmp_path / "hub"
+    snap = hub / "models--HuggingFaceTB--SmolLM2-test" / "snapshots" / "abc123"
+    snap.parent.mkdir(parents=True)
+    snap.symlink_to(model_dir, target_is_directory=True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    assert resolve_model_path("HuggingFaceTB/SmolLM2-test") == snap
+    with pytest.raises(FileNotFoundError, match="not in the Hugging Face cache"):
+        resolve_model_path("HuggingFaceTB/missing")

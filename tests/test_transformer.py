@@ -151,3 +151,11 @@ def test_config_from_gguf_metadata_rejects_other_architectures():
         LlamaConfig.from_gguf_metadata({"general.architecture": "gpt2"}, False, "x.gguf")
     with pytest.raises(ValueError, match="x.gguf: GGUF metadata has no 'llama.embedding_length'"):
         LlamaConfig.from_gguf_metadata({"general.architecture": "llama"}, False, "x.gguf")
+
+
+def test_config_refuses_rope_scaling_it_does_not_implement():
+    meta = {"general.architecture": "llama", "llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0}
+    with pytest.raises(ValueError, match="rope scaling 'linear' is not supported"):
+        LlamaConfig.from_gguf_metadata(meta, False, "x.gguf")
+    with pytest.raises(ValueError, match="rope_scaling .* is not supported"):
+        LlamaConfig.from_hf_config({"architectures": ["LlamaForCausalLM"], "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})

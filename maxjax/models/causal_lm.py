@@ -145,6 +145,8 @@ class CausalLM:
         weights = GGUFWeights(path)
         meta = weights.metadata
         config = LlamaConfig.from_gguf_metadata(meta, weights.output.weight.exists(), source=str(path))
+        if weights["rope_freqs"]["weight"].exists():
+            raise ValueError(f"{path}: Llama 3 rope frequency scaling (rope_freqs.weight) is not supported")
         state = llama_from_gguf(weights)
         module = build_llama(config, dtype)
         module.load_state_dict(state, override_quantization_encoding=True, weight_alignment=1)

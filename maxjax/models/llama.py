@@ -67,6 +67,9 @@ class LlamaConfig:
                 raise ValueError(f"{source}: GGUF metadata has no {full!r}")
             return default
 
+        scaling = meta.get(f"{arch}.rope.scaling.type")
+        if scaling not in (None, "none") or f"{arch}.rope.scaling.factor" in meta and float(meta[f"{arch}.rope.scaling.factor"]) != 1.0:
+            raise ValueError(f"{source}: rope scaling {scaling!r} is not supported (plain Llama rope only)")
         hidden = int(get("embedding_length"))
         heads = int(get("attention.head_count"))
         tokens = meta.get("tokenizer.ggml.tokens")
@@ -96,6 +99,8 @@ class LlamaConfig:
         archs = cfg.get("architectures") or [cfg.get("model_type")]
         if not any(a in ("LlamaForCausalLM", "llama") for a in archs):
             raise ValueError(f"{source}: unsupported architecture {archs} (supported: LlamaForCausalLM)")
+        if cfg.get("rope_scaling"):
+            raise ValueError(f"{source}: rope_scaling {cfg['rope_scaling']!r} is not supported (plain Llama rope only)")
         try:
             heads = int(cfg["num_attention_heads"])
             return cls(

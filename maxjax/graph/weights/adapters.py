@@ -61,7 +61,7 @@ LLAMA_GGUF_NAMES: NameTable = (
     (r"blk\.(\d+)\.ffn_norm\.weight", r"layers.\1.post_attention_layernorm.weight"),
     (r"output_norm\.weight", "norm.weight"),
     (r"output\.weight", "lm_head.weight"),
-    (r"rope_freqs\.weight", None),  # Llama 3 rope scaling factors: recomputed from the metadata
+    (r"rope_freqs\.weight", None),  # Llama 3 rope scaling factors (LlamaConfig refuses rope scaling)
 )
 
 #: Hugging Face ``LlamaForCausalLM`` tensor names -> maxjax llama module names.
