@@ -309,7 +309,10 @@ class TensorValue(Value):
     def __len__(self) -> int:
         if not self.rank:
             raise TypeError("len() of a rank-0 TensorValue")
-        return int(self.shape[0]) if isinstance(self.shape[0], Dim) and self._array is not None else len(self._aval)
+        first = self._aval.shape[0]
+        if not isinstance(first, int):
+            raise TypeError(f"len() of a TensorValue whose first dim is symbolic ({first})")
+        return first
 
     def __iter__(self) -> Any:
         if self._array is None:

@@ -1,10 +1,11 @@
 """``Weight`` and ``ShardingStrategy`` (MAX's ``max.graph.Weight``, seed ``max-graph-Weight.txt``).
 
 A :class:`Weight` is a named placeholder: name, dtype, shape, device, quantization encoding,
-alignment and sharding. It becomes a value only when it is bound:
+alignment and sharding. It becomes a value only when it is bound, looked up in this order:
 
-1. in functional mode, to an array of the state pytree passed to ``functional_call`` (a binding);
-2. in graph mode, to a graph input fed from the weights registry (``Graph.add_weight``);
+1. in graph mode (a graph is being built), to a graph input fed from the weights registry
+   (``Graph.add_weight``);
+2. in functional mode, to an array of the state pytree passed to ``functional_call`` (a binding);
 3. in eager mode, to the value ``Module.load_state_dict`` stored on it.
 
 Using a Weight never mutates it: graph values are kept by the graph, bindings by the call.

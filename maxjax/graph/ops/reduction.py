@@ -79,8 +79,10 @@ def top_k(input: Any, k: int, axis: int = -1) -> tuple[Any, Any]:
 
 def bottom_k(input: Any, k: int, axis: int = -1) -> tuple[Any, Any]:
     """The ``k`` smallest values along ``axis`` and their indices, smallest first."""
-    v, i = top_k(-input if not hasattr(input, "_array") else input * -1, k, axis)
-    return v * -1, i
+    from maxjax.graph.ops.elementwise import negate
+
+    v, i = top_k(negate(input), k, axis)
+    return negate(v), i
 
 
 def _argsort(x: Any, *, ascending: bool) -> Any:
