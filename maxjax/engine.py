@@ -72,8 +72,9 @@ class Program:
             value plus float32 scales and offsets per block
             (:class:`~maxjax.graph.quantization.RepackedWeight`, about 1.25 bytes per weight for
             Q4_1): on XLA:CPU its dequantization fuses into matrix-vector products at memory speed,
-            where the packed form's does not (see ``quantization.quantized_matmul``). Weights whose
-            graph uses are not all ``gather``/``qmatmul``/``dequantize`` stay packed.
+            where the packed form's does not (see ``quantization.quantized_matmul``).
+            ``"dequantized"``: float32 (4 bytes per weight). Weights whose graph uses are not all
+            ``gather``/``qmatmul``/``dequantize`` stay packed.
     """
 
     def __init__(self, graph: Graph, *, scan: bool = True, remat: bool = False, quantized_layout: str = "packed"):
