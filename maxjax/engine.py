@@ -10,7 +10,7 @@ shapes (symbolic dims) compiles once and is cached by ``jax.jit``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping
 
 import jax
 import jax.numpy as jnp

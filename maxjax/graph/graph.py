@@ -10,10 +10,9 @@ from __future__ import annotations
 import contextvars
 import difflib
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-import jax
 import numpy as np
 
 from maxjax.dtype import DType

@@ -3,10 +3,7 @@
 from maxjax.nn.attention import AttentionWithRope
 from maxjax.nn.embedding import Embedding
 from maxjax.nn.functional import abstract_state, functional_call, state
-from maxjax.nn.layer import (
-    HookHandle, Layer, LayerList, LayerV2, LoadStateDictResult, Module, Sequential, add_layer_hook,
-    clear_hooks, recursive_named_layers,
-)
+from maxjax.nn.layer import HookHandle, Layer, LayerList, LayerV2, LoadStateDictResult, Module, Sequential
 from maxjax.nn.linear import MLP, Linear
 from maxjax.nn.norm import LayerNorm, RMSNorm
 from maxjax.nn.rotary_embedding import RotaryEmbedding

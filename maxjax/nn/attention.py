@@ -114,7 +114,6 @@ class AttentionWithRope(Module):
     def __call__(self, x: Any, k_cache: Any, v_cache: Any, layer_idx: Any, positions: Any) -> tuple[Any, Any, Any]:
         batch, seq = x.shape[0], x.shape[1]
         h, kv, d = self.n_heads, self.n_kv_heads, self.head_dim
-        groups = h // kv
         q = ops.reshape(self.q_proj(x), [batch, seq, h, d])
         k = ops.reshape(self.k_proj(x), [batch, seq, kv, d])
         v = ops.reshape(self.v_proj(x), [batch, seq, kv, d])

@@ -192,9 +192,8 @@ def _value_meta(fqn: str, value: Any) -> tuple[Shape, DType, Any]:
     """Shape, dtype and the NumPy array (if the value is host memory) of a state-dict value."""
     from maxjax.driver import Buffer
 
-    if type(value).__name__ == "WeightData":
-        _, _, host = _value_meta(fqn, value.data) if not isinstance(value.data, (list, tuple)) else (0, 0, None)
-        return Shape(value.shape), value.dtype, host
+    if type(value).__name__ == "WeightData":  # its own shape/dtype; the host array for the alignment check
+        return Shape(value.shape), value.dtype, value.data if isinstance(value.data, np.ndarray) else None
     if isinstance(value, np.ndarray):
         return Shape(value.shape), DType.from_numpy(value.dtype), value
     if isinstance(value, (jax.Array, Buffer)):

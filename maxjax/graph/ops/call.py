@@ -153,8 +153,6 @@ def call(graph: Graph, *args: Any, prefix: str = "") -> list[Any]:
     if graph._parent is not caller:
         owner = graph._parent.name if graph._parent is not None else "no graph (it was built outside one)"
         raise ValueError(f"Subgraph {graph.name!r} belongs to {owner!r}, not to graph {caller.name!r} that calls it")
-    from maxjax.graph.ops._core import apply  # noqa: F401  (graph consistency is checked like any op)
-
     vals = []
     for a in args:
         if isinstance(a, TensorValue) and a._graph is caller:
