@@ -14,8 +14,16 @@ __all__ = ["greedy", "sample"]
 
 
 def greedy(logits: jax.Array) -> jax.Array:
-    """The most likely token of each row: int32 ``[batch]`` from float ``[batch, vocab]``."""
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    """The most likely token of each row: int32 ``[batch]`` from float ``[batch, vocab]``.
+
+    The first index of the maximum, as ``jnp.argmax`` (a NaN counts as the maximum). Written as a
+    max and a min-index pass: XLA:CPU runs ``argmax``'s two-operand reduction about 4x slower
+    (2.0 vs 0.46 ms for SmolLM2's 16 x 49152 logits).
+    """
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    hit = (logits == top) | jnp.isnan(logits)
+    vocab = logits.shape[-1]
+    return jnp.min(jnp.where(hit, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
 
 
 def sample(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
