@@ -114,6 +114,7 @@ class CausalLM:
             if bar is not None:
                 bar.close()
         self.num_compiles = 0
+        self._default_key = jax.random.key(0)  # the key argument of greedy steps (unused by them)
         program = self.program
 
         def step(state, tokens, positions, k_cache, v_cache, last_index, key, temperature, top_k, top_p, *, do_sample):
@@ -201,7 +202,7 @@ class CausalLM:
     def _run(self, tokens, positions, k_cache, v_cache, last, key, temperature=0.0, top_k=0, top_p=1.0):
         do_sample = temperature > 0
         if key is None:
-            key = jax.random.key(0)
+            key = self._default_key
         return self._step(
             self.state, tokens, positions, k_cache, v_cache, last, key,
             np.float32(max(temperature, 1e-6)), np.int32(top_k), np.float32(top_p), do_sample=do_sample,
@@ -269,16 +270,29 @@ class CausalLM:
         lengths = np.array([len(r) for r in ids], np.int32)
         k_cache, v_cache = self.new_cache(b, cache_len)
         sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-        key = jax.random.key(seed)
-        key, sub = jax.random.split(key)
+        do_sample = temperature > 0
+        key = sub = jax.random.key(seed)
+        if do_sample:
+            key, sub = jax.random.split(key)
         nxt, _, k_cache, v_cache = self.prefill(tokens, lengths, k_cache, v_cache, sub, **sampling)
         eos = self.tokenizer.eos_token_ids if stop_at_eos else frozenset()
         results = [Generation(p, i) for p, i in zip(prompts, ids)]
         done = np.zeros(b, bool)
-        host = np.asarray(nxt)
-        first = time.perf_counter() - start
         positions = lengths.copy()
+        first = None
         for step in range(max_new_tokens):
+            # The device runs step + 1 while the host reads step's tokens: the next step is
+            # dispatched on the device-resident tokens before they are copied to the host (a row
+            # that has just ended computes one token more, which is dropped).
+            pending = None
+            if step < max_new_tokens - 1:
+                if do_sample:
+                    key, sub = jax.random.split(key)
+                pending = self.decode_step(nxt, positions, k_cache, v_cache, sub, **sampling)
+                positions = positions + 1
+            host = np.asarray(nxt)
+            if first is None:
+                first = time.perf_counter() - start
             for r in range(b):
                 if done[r]:
                     continue
@@ -290,12 +304,9 @@ class CausalLM:
                 results[r].token_ids.append(t)
                 if on_token is not None:
                     on_token(r, t)
-            if done.all() or step == max_new_tokens - 1:
+            if pending is None or done.all():
                 break
-            key, sub = jax.random.split(key)
-            nxt, _, k_cache, v_cache = self.decode_step(jnp.asarray(host), jnp.asarray(positions), k_cache, v_cache, sub, **sampling)
-            positions += 1
-            host = np.asarray(nxt)
+            nxt, _, k_cache, v_cache = pending
         total = time.perf_counter() - start
         for r in results:
             r.text = self.tokenizer.decode(r.token_ids)
