@@ -5,9 +5,10 @@ Three engines on the same GGUF (``SmolLM2-135M-Instruct.Q4_1.gguf``), each in it
 the parent, and passed to every worker):
 
 1. maxjax (``maxjax.models.load_model``): the low-level serving calls, timed separately after
-   warm-up: ``prefill`` of a 128-token prompt at batch 1 (tokens/s); ``decode_step`` at batch 1 and
-   at batch 16 (aggregate tokens/s), N steps after a 16-token prompt, with the host loop a
-   streaming server runs (each new token goes to the host and back, as in ``generate``); time to
+   warm-up: ``prefill`` of a 128-token prompt at batch 1 (tokens/s); decode at batch 1 and at
+   batch 16 (aggregate tokens/s): ``generate_tokens`` of N+1 tokens after a 16-token prompt (the
+   loop ``generate`` runs: each step is dispatched before the previous step's tokens reach the
+   host, which streams them), timed from the first new token to the last, as for HF; time to
    first token for the 128-token prompt (wall clock from host ids, cache allocation included,
    to the sampled token on the host); the compile time of every shape (first call minus a warm
    call, and ``lm.num_compiles`` to check each first call compiled exactly once and nothing
@@ -145,7 +146,6 @@ def worker_maxjax(req: dict) -> dict:
     import jax
 
     jax.config.update("jax_enable_compilation_cache", False)  # compile times are real compiles
-    import jax.numpy as jnp
     import numpy as np
 
     from maxjax.models import load_model
@@ -228,53 +228,34 @@ def worker_maxjax(req: dict) -> dict:
     log(f"[maxjax] prefill {len(long_ids)} tokens: {len(long_ids) / statistics.median(prefill_s):.0f} tok/s, "
         f"TTFT {statistics.median(ttft_s) * 1e3:.0f} ms, compile {first_call:.1f} s")  # fmt: skip
 
-    # 2. Decode at batch 1 and batch 16 after a short prompt.
+    # 2. Decode at batch 1 and batch 16 after a short prompt: ``generate_tokens`` (the loop
+    # ``generate`` runs), timed from the first new token to the last, as for HF.
     def decode(rows: list[list[int]]) -> dict:
         b = len(rows)
         bucket, cache_len = shape_for(max(len(r) for r in rows), steps + 1)
-        toks, lengths = pad(rows, bucket)
-        step_times, runs, prefills, tokens = [], [], [], None
+        runs, tokens, firsts = [], None, []
         for rep in range(reps + 1):  # rep 0: compiles prefill and decode, warms up
-            k, v = ready_cache(b, cache_len)
+            stamps: list[float] = []
             n0 = lm.num_compiles
             t0 = time.perf_counter()
-            nxt, _, k, v = lm.prefill(toks, lengths, k, v)
-            host = np.asarray(nxt)
-            t_prefill = time.perf_counter() - t0
-            pf_compiles = lm.num_compiles - n0
-            pos = lengths.copy()
-            gen = [host]
-            n1 = lm.num_compiles
-            t0 = time.perf_counter()
-            for s in range(steps):
-                ts = time.perf_counter()
-                nxt, _, k, v = lm.decode_step(jnp.asarray(host), jnp.asarray(pos), k, v)
-                host = np.asarray(nxt)
-                pos += 1
-                gen.append(host)
-                if rep == 0:
-                    step_times.append(time.perf_counter() - ts)
-            dt = time.perf_counter() - t0
-            del k, v
+            res = lm.generate_tokens(rows, steps + 1, stop_at_eos=False,
+                                     on_token=lambda r, t, s=stamps: s.append(time.perf_counter()) if r == b - 1 else None)  # fmt: skip
+            if len(stamps) != steps + 1:
+                raise RuntimeError(f"generate_tokens made {len(stamps)} tokens, not {steps + 1}")
             if rep == 0:
-                first_step = step_times[0]
-                warm_steps = step_times[1:] or [dt]
-                compiles[f"prefill b={b} seq={bucket} cache={cache_len}"] = {
-                    "first_call_s": t_prefill, "compiles": pf_compiles}
-                compiles[f"decode b={b} cache={cache_len}"] = {
-                    "first_call_s": first_step, "compile_s": first_step - statistics.median(warm_steps),
-                    "compiles": lm.num_compiles - n1}  # fmt: skip
+                compiles[f"generate b={b} seq={bucket} cache={cache_len}"] = {
+                    "first_call_s": stamps[-1] - t0, "compiles": lm.num_compiles - n0}
                 continue
             decode_recompiles[0] += lm.num_compiles - n0
-            runs.append(dt)
-            prefills.append(t_prefill)
-            tokens = np.stack(gen, 1)  # [b, steps + 1]
+            runs.append(stamps[steps] - stamps[0])
+            firsts.append(stamps[0] - t0)
+            tokens = [r.token_ids for r in res]  # [b, steps + 1]
         med = statistics.median(runs)
-        c = compiles[f"prefill b={b} seq={bucket} cache={cache_len}"]
-        c["compile_s"] = c["first_call_s"] - statistics.median(prefills)
+        c = compiles[f"generate b={b} seq={bucket} cache={cache_len}"]
+        c["compile_s"] = c["first_call_s"] - (statistics.median(firsts) + med)
         return {"batch": b, "prompt_tokens": len(rows[0]), "steps": steps, "cache_len": cache_len,
                 "seconds": stats(runs), "tokens_per_s": b * steps / med, "per_row_tokens_per_s": steps / med,
-                "token_ids": tokens.tolist()}  # fmt: skip
+                "token_ids": tokens}  # fmt: skip
 
     short = req["short_ids"]
     out["decode_b1"] = decode(short[:1])

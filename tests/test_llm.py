@@ -85,6 +85,19 @@ def test_bad_generation_arguments(lm):
         lm.generate(["hello " * 9000], 4)
 
 
+def test_generate_tokens_from_ids_matches_generate(lm):
+    chat_ids = lm.encode_prompt("What is the capital of France?", chat=True)
+    raw_ids = REF["raw"]["prompt_ids"]
+    outs = lm.generate_tokens([raw_ids, chat_ids], 12)
+    assert outs[0].token_ids == REF["raw"]["greedy"]["token_ids"][:12]
+    assert outs[1].token_ids == REF["chat"]["greedy"]["token_ids"][: len(outs[1].token_ids)]
+    assert outs[0].prompt_ids == raw_ids and outs[0].prompt == ""
+    with pytest.raises(ValueError, match="row 1: the prompt is empty"):
+        lm.generate_tokens([[1, 2], []], 4)
+    with pytest.raises(ValueError, match=r"row 0: token id 49152 is outside the vocabulary \[0, 49152\)"):
+        lm.generate_tokens([[1, 49152]], 4)
+
+
 def test_cli_generate_streams_and_summarises(capsys):
     assert cli_main(["generate", "--max-new-tokens", "8", "The quick brown fox"]) == 0
     out, err = capsys.readouterr()

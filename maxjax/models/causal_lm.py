@@ -254,6 +254,48 @@ class CausalLM:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         start = time.perf_counter()
         ids = [self.encode_prompt(p, chat) for p in prompts]
+        return self._generate(
+            ids, list(prompts), max_new_tokens, start, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+            stop_at_eos=stop_at_eos, on_token=on_token,
+        )  # fmt: skip
+
+    def generate_tokens(
+        self,
+        token_ids: Sequence[Sequence[int]],
+        max_new_tokens: int = 64,
+        *,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        stop_at_eos: bool = True,
+        on_token: Callable[[int, int], None] | None = None,
+    ) -> list[Generation]:
+        """:meth:`generate` from prompts already tokenized: ``token_ids`` is one list of ids per row.
+
+        Raises:
+            ValueError: no rows, an empty row, an id outside the vocabulary, ``max_new_tokens < 1``,
+                or a row that with the new tokens does not fit the model's context.
+        """
+        if not token_ids:
+            raise ValueError("no prompts given")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        start = time.perf_counter()
+        ids = [[int(t) for t in row] for row in token_ids]
+        vocab = self.config.vocab_size
+        for r, row in enumerate(ids):
+            if not row:
+                raise ValueError(f"row {r}: the prompt is empty")
+            bad = [t for t in row if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"row {r}: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        return self._generate(
+            ids, [""] * len(ids), max_new_tokens, start, temperature=temperature, top_k=top_k, top_p=top_p,
+            seed=seed, stop_at_eos=stop_at_eos, on_token=on_token,
+        )  # fmt: skip
+
+    def _generate(self, ids, prompts, max_new_tokens, start, *, temperature, top_k, top_p, seed, stop_at_eos, on_token):
         context = self.config.max_position_embeddings
         longest = max(len(i) for i in ids)
         if longest + max_new_tokens > context:
