@@ -2,7 +2,9 @@
 
 Three engines on the same GGUF (``SmolLM2-135M-Instruct.Q4_1.gguf``), each in its own subprocess
 (so peak RSS is per engine), fed identical prompt token ids (made by maxjax's tokenizer here, in
-the parent, and passed to every worker):
+the parent, and passed to every worker); maxjax runs twice, with each of its CPU weight layouts
+(``maxjax``: the default ``quantized_layout="nibbles"``, 4-bit weights kept at 4 bits;
+``maxjax_unpacked``: ``"unpacked"``, one byte per value):
 
 1. maxjax (``maxjax.models.load_model``): the low-level serving calls, timed separately after
    warm-up: ``prefill`` of a 128-token prompt at batch 1 (tokens/s); decode at batch 1 and at
@@ -71,8 +73,11 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-ENGINES = ("maxjax", "hf", "llama")
-LABELS = {"maxjax": "maxjax (JAX)", "hf": "HF transformers (torch f32)", "llama": "llama.cpp"}
+ENGINES = ("maxjax", "maxjax_unpacked", "hf", "llama")
+LABELS = {"maxjax": "maxjax 4-bit (JAX)", "maxjax_unpacked": "maxjax unpacked (JAX)", "hf": "HF transformers (torch f32)",
+          "llama": "llama.cpp"}  # fmt: skip
+#: the quantized_layout each maxjax engine loads with (see maxjax.models.load_model)
+LAYOUTS = {"maxjax": "nibbles", "maxjax_unpacked": "unpacked"}
 LONG_PROMPT = 128  # prefill / time-to-first-token prompt length
 SHORT_PROMPT = 16  # decode prompts' length
 BATCH = 16
@@ -152,11 +157,12 @@ def worker_maxjax(req: dict) -> dict:
     from maxjax.models import causal_lm
 
     steps, reps, prefill_reps = req["steps"], req["reps"], req["prefill_reps"]
-    out: dict = {"engine": "maxjax", "jax": jax.__version__, "backend": jax.default_backend(),
+    layout = req.get("layout", "nibbles")
+    out: dict = {"engine": "maxjax", "layout": layout, "jax": jax.__version__, "backend": jax.default_backend(),
                  "devices": [str(d) for d in jax.devices()], "xla_flags": os.environ.get("XLA_FLAGS", ""),
                  "cpu_affinity": sorted(os.sched_getaffinity(0))}  # fmt: skip
     t = time.perf_counter()
-    lm = load_model(req["gguf"])
+    lm = load_model(req["gguf"], quantized_layout=layout)
     out["load_s"] = time.perf_counter() - t
     out.update(memory_after_load())
     log(f"[maxjax] loaded in {out['load_s']:.1f} s")
@@ -452,7 +458,8 @@ def worker_llama(req: dict) -> dict:
     return out
 
 
-WORKERS = {"maxjax": worker_maxjax, "hf": worker_hf, "llama": worker_llama}
+WORKERS = {"maxjax": worker_maxjax, "maxjax_unpacked": lambda req: worker_maxjax({**req, "layout": "unpacked"}),
+           "hf": worker_hf, "llama": worker_llama}  # fmt: skip
 
 
 # -- parent -------------------------------------------------------------------------------------------
@@ -573,7 +580,7 @@ def get(res: dict, *keys, default=None):
 
 
 def verdicts(r: dict) -> list[dict]:
-    mj, hf, ll = r.get("maxjax", {}), r.get("hf", {}), r.get("llama", {})
+    hf, ll = r.get("hf", {}), r.get("llama", {})
     out = []
 
     def check(name: str, value, target, ok) -> None:
@@ -583,12 +590,18 @@ def verdicts(r: dict) -> list[dict]:
     hf1 = get(hf, "decode_b1", "tokens_per_s")
     ll1 = get(ll, "decode_b1", "tokens_per_s")
     llp = get(ll, "prefill", "tokens_per_s")
-    check("decode b=1 >= 2x HF decode b=1 (tok/s)", get(mj, "decode_b1", "tokens_per_s"),
-          None if hf1 is None else 2 * hf1, lambda v, t: v >= t)  # fmt: skip
-    check(f"aggregate decode b={BATCH} >= 4x llama.cpp decode b=1 (tok/s)", get(mj, "decode_b16", "tokens_per_s"),
-          None if ll1 is None else 4 * ll1, lambda v, t: v >= t)  # fmt: skip
-    check("prefill 128 >= llama.cpp prefill (tok/s)", get(mj, "prefill", "tokens_per_s"), llp, lambda v, t: v >= t)
-    check("time to first token < 1 s after compilation (s)", get(mj, "ttft", "seconds", "median"), 1.0, lambda v, t: v < t)
+    for e in ("maxjax", "maxjax_unpacked"):
+        if e not in r:
+            continue
+        mj, who = r[e], LABELS[e].split(" (")[0]
+        check(f"{who}: decode b=1 >= 2x HF decode b=1 (tok/s)", get(mj, "decode_b1", "tokens_per_s"),
+              None if hf1 is None else 2 * hf1, lambda v, t: v >= t)  # fmt: skip
+        check(f"{who}: aggregate decode b={BATCH} >= 4x llama.cpp decode b=1 (tok/s)",
+              get(mj, "decode_b16", "tokens_per_s"), None if ll1 is None else 4 * ll1, lambda v, t: v >= t)  # fmt: skip
+        check(f"{who}: prefill 128 >= llama.cpp prefill (tok/s)", get(mj, "prefill", "tokens_per_s"), llp,
+              lambda v, t: v >= t)  # fmt: skip
+        check(f"{who}: time to first token < 1 s after compilation (s)", get(mj, "ttft", "seconds", "median"), 1.0,
+              lambda v, t: v < t)  # fmt: skip
     return out
 
 
@@ -644,13 +657,15 @@ def report(r: dict) -> str:
 
     bw = r.get("bandwidth")
     if bw and mj.get("weight_bytes"):
-        wb = mj["weight_bytes"]
         lines += ["", f"memory read bandwidth: {bw['single_thread_gbps']:.1f} GB/s single thread, "
                       f"{bw['all_cores_gbps']:.1f} GB/s with {bw['cores']} threads (numpy sum over {bw['array_mb']} MB)"]  # fmt: skip
-        lines.append(f"batch-1 decode bound for maxjax: {wb / 1e6:.0f} MB of weights read per token -> "
-                     f"{bw['single_thread_gbps'] * 1e9 / wb:.0f} tok/s (single thread), "
-                     f"{bw['all_cores_gbps'] * 1e9 / wb:.0f} tok/s (all cores); measured "
-                     f"{fmt(get(mj, 'decode_b1', 'tokens_per_s'))} tok/s")  # fmt: skip
+        for e in ("maxjax", "maxjax_unpacked"):
+            wb = get(res.get(e, {}), "weight_bytes")
+            if wb:
+                lines.append(f"batch-1 decode bound for {LABELS[e].split(' (')[0]}: {wb / 1e6:.0f} MB of weights read per "
+                             f"token -> {bw['single_thread_gbps'] * 1e9 / wb:.0f} tok/s (single thread), "
+                             f"{bw['all_cores_gbps'] * 1e9 / wb:.0f} tok/s (all cores); measured "
+                             f"{fmt(get(res[e], 'decode_b1', 'tokens_per_s'))} tok/s")  # fmt: skip
         llw = get(res.get("llama", {}), "weight_bytes")
         if llw:
             lines.append(f"  (llama.cpp: {llw / 1e6:.0f} MB per token -> {bw['single_thread_gbps'] * 1e9 / llw:.0f} tok/s "
@@ -690,6 +705,9 @@ def agreement(res: dict) -> dict:
         out["maxjax vs llama.cpp, b=1"] = first_mismatch(mj[0], ll[0])
     if hf and ll:
         out["HF vs llama.cpp, b=1"] = first_mismatch(hf[0], ll[0])
+    mju = get(res, "maxjax_unpacked", "decode_b1", "token_ids")
+    if mj and mju:
+        out["maxjax 4-bit vs unpacked, b=1"] = first_mismatch(mj[0], mju[0])
     if mj and mj16:
         out[f"maxjax b={BATCH} row 0 vs maxjax b=1"] = first_mismatch(mj16[0], mj[0])
     if mj16 and hf16:
@@ -711,7 +729,7 @@ def plot(r: dict, path: pathlib.Path) -> None:
 
     res = r["engines"]
     engines = [e for e in ENGINES if e in res and "error" not in res[e]]
-    colors = {"maxjax": "tab:blue", "hf": "tab:orange", "llama": "tab:green"}
+    colors = {"maxjax": "tab:blue", "maxjax_unpacked": "tab:cyan", "hf": "tab:orange", "llama": "tab:green"}
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
 
     def bars(ax, key, title, ylabel, scale=1.0):
@@ -801,7 +819,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, help="timed decode runs per engine and batch (default 3, quick 1)")
     ap.add_argument("--prefill-reps", type=int, help="timed prefill/TTFT runs (default 5, quick 2)")
     ap.add_argument("--threads", type=int, default=2, help="torch and llama.cpp threads; every worker is pinned to this many cores")
-    ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of maxjax,hf,llama")
+    ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of " + ",".join(ENGINES))
     ap.add_argument("--gguf", help="the model file (default: the bundled SmolLM2-135M-Instruct.Q4_1.gguf)")
     ap.add_argument("--hf-python", default="/work/refenv/bin/python", help="a Python with torch + transformers")
     ap.add_argument("--llama-python", default="/work/tokref/bin/python", help="a Python with llama_cpp")
@@ -861,7 +879,7 @@ def main(argv=None) -> int:
     }  # fmt: skip
     req = {"gguf": gguf, "long_ids": long_ids, "short_ids": short, "steps": steps, "reps": reps,
            "prefill_reps": prefill_reps, "threads": args.threads, "llama_extra_bufts": args.llama_extra_bufts}  # fmt: skip
-    python = {"maxjax": sys.executable, "hf": args.hf_python, "llama": args.llama_python}
+    python = {"maxjax": sys.executable, "maxjax_unpacked": sys.executable, "hf": args.hf_python, "llama": args.llama_python}
     for e in engines:
         r["engines"][e] = run_worker(e, python[e], req, cores, args.timeout)
     log("== memory bandwidth")

@@ -68,7 +68,10 @@ class Program:
         scan: lower chains of calls of one subgraph to ``lax.scan`` (True by default).
         remat: wrap each scanned layer in ``jax.checkpoint`` (less memory when differentiating).
         quantized_layout: how GGUF-quantized weights sit in device memory. ``"packed"``: the
-            file's blocks as they are (uint8, the file's size). ``"unpacked"``: one byte per quantized
+            file's blocks as they are (uint8, the file's size). ``"nibbles"``: Q4_0, Q4_1 and Q4_K
+            weights kept at 4 bits per value with their block scales, re-laid so that XLA unpacks
+            them with vector instructions (:class:`~maxjax.graph.quantization.NibbleWeight`; the
+            file's size for Q4_0/Q4_1); other encodings as ``"unpacked"``. ``"unpacked"``: one byte per quantized
             value plus float32 scales and offsets per block
             (:class:`~maxjax.graph.quantization.RepackedWeight`, about 1.25 bytes per weight for
             Q4_1): on XLA:CPU its dequantization fuses into matrix-vector products at memory speed,
@@ -82,9 +85,9 @@ class Program:
             raise TypeError(f"expected a maxjax Graph, got {type(graph).__name__}")
         if graph._outputs is None:
             raise ValueError(f"Graph {graph.name!r} has no output: call graph.output(...) before loading it")
-        if quantized_layout not in ("packed", "unpacked", "dequantized"):
+        if quantized_layout not in ("packed", "nibbles", "unpacked", "dequantized"):
             raise ValueError(
-                f"quantized_layout must be 'packed', 'unpacked' or 'dequantized', got {quantized_layout!r}"
+                f"quantized_layout must be 'packed', 'nibbles', 'unpacked' or 'dequantized', got {quantized_layout!r}"
             )
         self.graph = graph
         self.remat = remat
@@ -156,15 +159,15 @@ class Program:
     def _place(self, w: Any, value: Any, target: Any, quantized_uses_only: bool) -> Any:
         enc = w.quantization_encoding
         if self.quantized_layout != "packed" and enc is not None and enc.is_gguf and quantized_uses_only:
-            from maxjax.graph.quantization import RepackedWeight, dequantize, repack
+            from maxjax.graph.quantization import dequantize, repack, repack_nibbles
 
             packed = np.asarray(_host(value))
             lead = packed.shape[:-1]
             flat = jnp.asarray(packed.reshape(-1, packed.shape[-1]))
             if self.quantized_layout == "dequantized":
                 return jax.device_put(dequantize(enc, flat).reshape(*lead, -1), target)
-            r = repack(enc, flat)
-            return RepackedWeight(*(None if a is None else jax.device_put(a.reshape(*lead, -1), target) for a in r))
+            r = repack_nibbles(enc, flat) if self.quantized_layout == "nibbles" and _nibbles_fit(enc, flat) else repack(enc, flat)
+            return type(r)(*(None if a is None else jax.device_put(a.reshape(*lead, -1), target) for a in r))
         return to_jax_array(value, target)
 
     @staticmethod
@@ -357,3 +360,10 @@ def enable_compilation_cache(path: str | None = None) -> str:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return folder
+
+
+def _nibbles_fit(enc: Any, packed: Any) -> bool:
+    """Whether ``repack_nibbles`` takes these blocks: a 4-bit encoding and rows of 64k values."""
+    from maxjax.graph.quantization import _NIBBLE_SCALE_DTYPE
+
+    return enc in _NIBBLE_SCALE_DTYPE and (packed.shape[-1] // enc.block_size * enc.elements_per_block) % 64 == 0

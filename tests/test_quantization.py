@@ -19,14 +19,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from maxjax.graph.ops.shape import _gather
 from maxjax.graph.quantization import (
     BlockParameters,
     QuantizationConfig,
     QuantizationEncoding,
+    NibbleWeight,
     RepackedWeight,
     dequantize,
     quantized_matmul,
     repack,
+    repack_nibbles,
     repacked_matmul,
 )
 
@@ -456,5 +459,57 @@ def test_repacked_matmul_errors():
         repacked_matmul(np.zeros((1, 32), np.float32), r)
     with pytest.raises(ValueError, match="x must be float32"):
         repacked_matmul(np.zeros((1, 64), np.float64), r)
-    with pytest.raises(ValueError, match="expected a RepackedWeight, got ndarray"):
+    with pytest.raises(ValueError, match="expected a RepackedWeight or NibbleWeight, got ndarray"):
         repacked_matmul(np.zeros((1, 64), np.float32), np.zeros((4, 36), np.uint8))
+
+
+# --------------------------------------------------------------------------------------------
+# repack_nibbles: 4-bit weights kept at 4 bits.
+
+NIBBLE_SCALE = {E.Q4_0: jnp.float16, E.Q4_1: jnp.float16, E.Q4_K: jnp.float32}
+
+
+@pytest.mark.parametrize("encoding", list(NIBBLE_SCALE), ids=lambda e: e.value)
+@settings(max_examples=6, deadline=None)
+@given(rows=st.integers(1, 3), seed=st.integers(0, 2**32 - 1))
+def test_repack_nibbles_is_bit_identical(encoding, rows, seed):
+    blocks = 1 if encoding.elements_per_block == 256 else 4  # rows of 256 and 128 values
+    packed = random_blocks(encoding, rows, blocks, seed)
+    r = repack_nibbles(encoding, packed)
+    cols = blocks * encoding.elements_per_block
+    assert isinstance(r, NibbleWeight) and r.shape == (rows, cols) and r.group == 32
+    assert r.values.shape == (rows, cols // 2) and r.values.dtype == jnp.uint8
+    assert r.scale.shape == (rows, cols // 32) and r.scale.dtype == NIBBLE_SCALE[encoding]
+    if encoding is E.Q4_0:
+        assert r.offset is None
+    else:
+        assert r.offset.shape == r.scale.shape and r.offset.dtype == NIBBLE_SCALE[encoding]
+    # bytes per weight: Q4_0 and Q4_1 the file's own (0.5625, 0.625); Q4_K 0.75 (float32 scales)
+    nbytes = sum(a.nbytes for a in r if a is not None)
+    assert nbytes == packed.nbytes if encoding is not E.Q4_K else nbytes == packed.nbytes * 4 // 3
+    assert_bitwise_equal(r.dequantize(), reference(encoding, packed))
+    # the nibble layout: byte j holds value j (low) and value j + cols // 2 (high)
+    full = repack(encoding, packed)
+    q = np.asarray(full.values).astype(np.int16) + (8 if encoding is E.Q4_0 else 0)
+    v = np.asarray(r.values)
+    np.testing.assert_array_equal(v & 15, q[:, : cols // 2])
+    np.testing.assert_array_equal(v >> 4, q[:, cols // 2 :])
+
+
+def test_repack_nibbles_real_weights_matmul_and_rows(smollm2):
+    packed = np.asarray(_tensor(smollm2, "blk.0.ffn_down.weight").data)  # Q4_1 [576, 1536 values]
+    r = jax.jit(lambda w: repack_nibbles(E.Q4_1, w))(packed)
+    assert r.values.shape == (576, 768) and sum(a.nbytes for a in r) == packed.nbytes
+    assert_bitwise_equal(r.dequantize(), reference(E.Q4_1, packed))
+    x = np.random.default_rng(3).standard_normal((5, 1536)).astype(np.float32)
+    np.testing.assert_array_equal(jax.jit(repacked_matmul)(x, r), jax.jit(repacked_matmul)(x, repack(E.Q4_1, packed)))
+    rows = _gather(r, np.array([3, 0], np.int32), axis=0)  # the op behind ops.gather (an embedding lookup)
+    assert isinstance(rows, NibbleWeight)
+    assert_bitwise_equal(rows.dequantize(), reference(E.Q4_1, packed)[[3, 0]])
+
+
+def test_repack_nibbles_errors():
+    with pytest.raises(ValueError, match="Q8_0 does not have 4-bit values"):
+        repack_nibbles(E.Q8_0, np.zeros((2, 34), np.uint8))
+    with pytest.raises(ValueError, match="rows of 32 values; a multiple of 64 is needed"):
+        repack_nibbles(E.Q4_1, np.zeros((2, 20), np.uint8))

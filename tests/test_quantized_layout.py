@@ -1,4 +1,4 @@
-"""Program's quantized weight layouts: "unpacked" gives the same numbers as the file's packed blocks."""
+"""Program's quantized weight layouts: "nibbles" and "unpacked" give the same numbers as the file's packed blocks."""
 
 from __future__ import annotations
 
@@ -40,13 +40,16 @@ def test_unpacked_layout_matches_packed(enc, qtype):
     g = Graph("tiny", forward=m, input_types=[TensorType(DType.int32, ["batch", 3], DeviceRef.CPU())])
     ids = RNG.integers(0, 40, (2, 3)).astype(np.int32)
     outs = {}
-    for layout in ("packed", "unpacked", "dequantized"):
+    for layout in ("packed", "nibbles", "unpacked", "dequantized"):
         prog = Program(g, quantized_layout=layout)
         state = prog.prepare(m.state_dict())
         kinds = {k: (type(v).__name__, str(getattr(v, "dtype", ""))) for k, v in state["weights"].items()}
         expected = {"packed": ("ArrayImpl", "uint8"), "unpacked": ("RepackedWeight", ""), "dequantized": ("ArrayImpl", "float32")}
-        assert kinds == {"embed.weight": expected[layout], "proj.weight": expected[layout]}
+        expected["nibbles"] = expected["unpacked"]  # Q8_0 (the embedding) has 8-bit values
+        proj = ("NibbleWeight", "") if layout == "nibbles" and enc is QuantizationEncoding.Q4_0 else expected[layout]
+        assert kinds == {"embed.weight": expected[layout], "proj.weight": proj}
         outs[layout] = np.asarray(jax.jit(prog.apply)(state, ids)[0])
+    np.testing.assert_array_equal(outs["nibbles"], outs["unpacked"])
     np.testing.assert_allclose(outs["unpacked"], outs["packed"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(outs["dequantized"], outs["packed"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(outs["packed"], np.asarray(m(ids)), rtol=1e-5, atol=1e-5)
@@ -66,7 +69,7 @@ def test_weights_used_as_bytes_stay_packed():
     g = Graph("b", forward=m, input_types=[TensorType(DType.float32, [1, 64], DeviceRef.CPU())])
     state = Program(g, quantized_layout="unpacked").prepare(m.state_dict())
     assert not isinstance(state["weights"]["proj.weight"], RepackedWeight)
-    with pytest.raises(ValueError, match="quantized_layout must be 'packed', 'unpacked' or 'dequantized'"):
+    with pytest.raises(ValueError, match="quantized_layout must be 'packed', 'nibbles', 'unpacked' or 'dequantized'"):
         Program(g, quantized_layout="fast")
 
 

@@ -40,10 +40,12 @@ __all__ = [
     "BlockParameters",
     "QuantizationConfig",
     "QuantizationEncoding",
+    "NibbleWeight",
     "RepackedWeight",
     "dequantize",
     "quantized_matmul",
     "repack",
+    "repack_nibbles",
     "repacked_matmul",
 ]
 
@@ -566,13 +568,54 @@ class RepackedWeight(NamedTuple):
         return _combine(self)
 
 
-def _combine(r: RepackedWeight) -> jax.Array:
-    *lead, cols = r.values.shape
+class NibbleWeight(NamedTuple):
+    """A 4-bit GGUF weight (Q4_0, Q4_1, Q4_K) kept at 4 bits per value, laid out for SIMD (a pytree).
+
+    ``values`` is uint8 ``[rows, cols // 2]``: byte ``j`` of a row holds value ``j`` in its low
+    nibble and value ``j + cols // 2`` in its high nibble, so unpacking a row is one mask, one
+    shift and one concatenation of two contiguous halves (the file interleaves the nibbles of each
+    32-value block instead, which XLA vectorizes only with gathers). ``scale`` and ``offset`` are
+    ``[rows, cols // 32]``: float16 for Q4_0 and Q4_1 (the file's own ``d`` and ``m``) and float32
+    for Q4_K (``d * sc``, ``-dmin * m``). The weight is ``scale * values + offset`` per group of 32
+    in float32, or ``scale * (values - 8)`` where ``offset`` is None (Q4_0), bit for bit the result
+    of :func:`dequantize`. Bytes per weight: Q4_0 0.5625 and Q4_1 0.625, the file's own sizes;
+    Q4_K 0.75 (the file's 0.5625 plus float32 scales).
+    The idea is llama.cpp's CPU repacking of Q4_0 blocks at load time (``ggml-cpu/repack.cpp``).
+    """
+
+    values: jax.Array
+    scale: jax.Array
+    offset: jax.Array | None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (*self.values.shape[:-1], 2 * self.values.shape[-1])
+
+    @property
+    def group(self) -> int:
+        return 2 * self.values.shape[-1] // self.scale.shape[-1]
+
+    def dequantize(self) -> jax.Array:
+        """The float32 weight ``[rows, cols]`` (equal to ``dequantize(encoding, packed)``)."""
+        return _combine(self)
+
+
+#: the in-memory forms of a quantized weight that ``repacked_matmul`` and the ops take
+REPACKED_TYPES = (RepackedWeight, NibbleWeight)
+
+
+def _combine(r: RepackedWeight | NibbleWeight) -> jax.Array:
+    values = r.values
+    if isinstance(r, NibbleWeight):
+        values = jnp.concatenate([values & jnp.uint8(15), values >> jnp.uint8(4)], axis=-1)
+        if r.offset is None:  # Q4_0: d * (q - 8), as its dequantizer computes it
+            values = values.astype(jnp.int8) - jnp.int8(8)
+    *lead, cols = values.shape
     groups = r.scale.shape[-1]
-    q = r.values.reshape(*lead, groups, cols // groups).astype(jnp.float32)
-    w = r.scale[..., None] * q
+    q = values.reshape(*lead, groups, cols // groups).astype(jnp.float32)
+    w = r.scale.astype(jnp.float32)[..., None] * q
     if r.offset is not None:
-        w = w + r.offset[..., None]
+        w = w + r.offset.astype(jnp.float32)[..., None]
     return w.reshape(*lead, cols)
 
 
@@ -605,14 +648,52 @@ def _repack_jit(enc: QuantizationEncoding, packed: jax.Array) -> RepackedWeight:
     )
 
 
-def repacked_matmul(x: jax.Array, weight: RepackedWeight) -> jax.Array:
-    """``x @ weight.dequantize().T`` in float32 for a :class:`RepackedWeight` ``[out, in]``."""
-    if not isinstance(weight, RepackedWeight):
-        raise ValueError(f"repacked_matmul: expected a RepackedWeight, got {type(weight).__name__}")
+def repack_nibbles(encoding: QuantizationEncoding, packed: jax.Array) -> NibbleWeight:
+    """Re-lay 4-bit GGUF blocks ``[rows, bytes_per_row]`` as a :class:`NibbleWeight`, at load time.
+
+    For Q4_0, Q4_1 and Q4_K with a row length that is a multiple of 64 (each half of a row is then
+    whole groups). Jittable.
+
+    Raises:
+        ValueError: another encoding, or a row length that is not a multiple of 64.
+    """
+    enc, _ = _check_packed(encoding, packed, "repack_nibbles")
+    if enc not in _NIBBLE_SCALE_DTYPE:
+        raise ValueError(
+            f"repack_nibbles: {enc.value} does not have 4-bit values (supported: "
+            f"{', '.join(e.value for e in _NIBBLE_SCALE_DTYPE)})"
+        )
+    cols = packed.shape[-1] // enc.block_size * enc.elements_per_block
+    if cols % 64:
+        raise ValueError(f"repack_nibbles: rows of {cols} values; a multiple of 64 is needed")
+    return _repack_nibbles_jit(enc, packed)
+
+
+@partial(jax.jit, static_argnums=0)
+def _repack_nibbles_jit(enc: QuantizationEncoding, packed: jax.Array) -> NibbleWeight:
+    r = _repack_jit(enc, packed)
+    values = r.values
+    if enc == _E.Q4_0:  # unpacked as q - 8: store q (0..15); NibbleWeight subtracts the 8 again
+        values = (values + jnp.int8(8)).astype(jnp.uint8)
+    half = values.shape[-1] // 2
+    nibbles = values[:, :half] | (values[:, half:] << jnp.uint8(4))
+    dtype = _NIBBLE_SCALE_DTYPE[enc]
+    return NibbleWeight(nibbles, r.scale.astype(dtype), None if r.offset is None else r.offset.astype(dtype))
+
+
+#: the 4-bit encodings ``repack_nibbles`` takes, with the dtype that holds their scales exactly
+_NIBBLE_SCALE_DTYPE = {_E.Q4_0: jnp.float16, _E.Q4_1: jnp.float16, _E.Q4_K: jnp.float32}
+
+
+def repacked_matmul(x: jax.Array, weight: RepackedWeight | NibbleWeight) -> jax.Array:
+    """``x @ weight.dequantize().T`` in float32 for a :class:`RepackedWeight` or
+    :class:`NibbleWeight` ``[out, in]``."""
+    if not isinstance(weight, REPACKED_TYPES):
+        raise ValueError(f"repacked_matmul: expected a RepackedWeight or NibbleWeight, got {type(weight).__name__}")
     dtype = getattr(x, "dtype", None)
     if dtype is None or np.dtype(dtype) != np.float32:
         raise ValueError(f"repacked_matmul: x must be float32, got {dtype}")
-    cols = weight.values.shape[-1]
+    cols = weight.shape[-1]
     if x.ndim < 1 or x.shape[-1] != cols:
         raise ValueError(
             f"repacked_matmul: x has {x.shape[-1] if x.ndim else None} features (shape "

@@ -90,7 +90,7 @@ def rms_norm(
 def _dequantize(x: Any, *, encoding: Any) -> Any:
     from maxjax.graph import quantization
 
-    if isinstance(x, quantization.RepackedWeight):  # the unpacked layout Program.prepare may choose
+    if isinstance(x, quantization.REPACKED_TYPES):  # the unpacked/nibbles layouts of Program.prepare
         return x.dequantize()
     if x.dtype == jnp.float32:  # the dequantized layout Program.prepare may choose
         return x
@@ -109,7 +109,7 @@ def dequantize(encoding: Any, quantized: Any) -> Any:
 def _qmatmul(x: Any, w: Any, *, encoding: Any) -> Any:
     from maxjax.graph import quantization
 
-    if isinstance(w, quantization.RepackedWeight):  # the unpacked layout Program.prepare may choose
+    if isinstance(w, quantization.REPACKED_TYPES):  # the unpacked/nibbles layouts of Program.prepare
         return quantization.repacked_matmul(x, w)
     if w.dtype == jnp.float32:  # the dequantized layout Program.prepare may choose
         return jnp.matmul(x, w.T, precision=jax.lax.Precision.HIGHEST)

@@ -358,12 +358,12 @@ def band_part(x: Any, num_lower: int | None = None, num_upper: int | None = None
 
 # -- indexing --------------------------------------------------------------------------------
 def _gather(x: Any, idx: Any, *, axis: int) -> Any:
-    from maxjax.graph.quantization import RepackedWeight
+    from maxjax.graph.quantization import REPACKED_TYPES
 
-    if isinstance(x, RepackedWeight):  # rows of a quantized weight in the unpacked layout
+    if isinstance(x, REPACKED_TYPES):  # rows of a quantized weight in the unpacked/nibbles layout
         if axis not in (0, -2):
             raise ValueError("gather: a quantized weight can only be gathered by rows (axis 0)")
-        return RepackedWeight(*(None if a is None else jnp.take(a, idx, axis=0, mode="clip") for a in x))
+        return type(x)(*(None if a is None else jnp.take(a, idx, axis=0, mode="clip") for a in x))
     return jnp.take(x, idx, axis=axis, mode="clip")
 
 
