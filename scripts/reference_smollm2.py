@@ -31,6 +31,12 @@ pass over prompt + continuation (same argmax at every step; the largest absolute
 difference is recorded) and against ``model.generate(do_sample=False)`` (which stops at
 EOS, so it must equal the continuation up to and including the first EOS).
 
+Then the same model in bfloat16 (``dtype=torch.bfloat16``: weights, activations and KV
+cache) runs each prompt once, and ``bfloat16`` in each case records its top-20 last-position
+logits, its logits at the float32 top-20 ids, and how far its logits over the whole
+vocabulary are from float32 (max and mean absolute difference): the drift that bfloat16
+itself brings, against which maxjax's ``--dtype bfloat16`` is tested.
+
 Also recorded: the torch / transformers / gguf versions, the model hyperparameters HF
 read from the GGUF, the GGUF's chat template, and the file's size and SHA-256.
 
@@ -259,6 +265,21 @@ def main(argv: list[str] | None = None) -> int:
         "prompt_tokens": tokenizer.convert_ids_to_tokens(chat_ids),
     }
     chat.update(greedy(model, tokenizer, chat_ids, eos_id))
+
+    # bfloat16: the same prompts once more, all in bfloat16.
+    model16 = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.bfloat16)
+    model16.eval()
+    for case in (raw, chat):
+        ids = torch.tensor([case["prompt_ids"]])
+        l32 = model(ids).logits[0, -1].float()
+        l16 = model16(ids).logits[0, -1].float()
+        top32 = case["top20_last_prompt_position"]["ids"]
+        case["bfloat16"] = {
+            "top20_last_prompt_position": top_k(l16, TOP_K),
+            "logits_at_float32_top20": [float(l16[i]) for i in top32],
+            "max_abs_diff_vs_float32": float((l16 - l32).abs().max()),
+            "mean_abs_diff_vs_float32": float((l16 - l32).abs().mean()),
+        }
 
     ref = {
         "description": "HF transformers float32 CPU reference for SmolLM2-135M-Instruct Q4_1 GGUF; "

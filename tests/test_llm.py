@@ -40,6 +40,33 @@ def test_tokens_logits_and_greedy_continuation_match_transformers(lm, case, chat
     assert out.token_ids == ref["greedy"]["token_ids"]
 
 
+def test_bfloat16_drifts_from_float32_no_more_than_transformers_bfloat16():
+    """``--dtype bfloat16`` against transformers' own bfloat16 run of the same file.
+
+    bfloat16 keeps 8 significant bits: at logits of 16 to 32 one step is 0.125, and a whole
+    model in bfloat16 moves the logits by a few tenths (transformers: up to 0.59 and 0.71 over
+    the vocabulary for the two prompts), enough to flip the greedy near-ties the reference
+    lists. maxjax's bfloat16 must stay within 4 steps of transformers' bfloat16 at the
+    float32 top-20 and drift from float32 no more than twice as far as transformers' does.
+    """
+    from maxjax.dtype import DType
+
+    lm16 = load_model(dtype=DType.bfloat16)
+    for ref in REF.values():
+        ids = ref["prompt_ids"]
+        k, v = lm16.new_cache(1, 128)
+        tokens = np.zeros((1, 64), np.int32)
+        tokens[0, : len(ids)] = ids
+        _, logits, _, _ = lm16.prefill(tokens, [len(ids)], k, v)
+        top = ref["top20_last_prompt_position"]
+        ours = np.asarray(logits, np.float32)[0][top["ids"]]
+        f32 = np.array(top["logits"], np.float32)
+        hf16 = np.array(ref["bfloat16"]["logits_at_float32_top20"], np.float32)
+        assert np.abs(ours - hf16).max() <= 4 * 0.125
+        assert np.abs(ours - f32).max() <= 2 * ref["bfloat16"]["max_abs_diff_vs_float32"]
+        assert np.abs(ours - f32).max() > 0  # it is bfloat16 indeed
+
+
 def test_chat_stops_at_end_of_turn(lm):
     out = lm.generate([REF["chat"]["prompt"]], 32, chat=True)[0]
     assert out.finish_reason == "eos"

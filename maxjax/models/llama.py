@@ -142,14 +142,14 @@ def build_llama(config: LlamaConfig, dtype: DType = DType.float32, device: Devic
             TransformerBlock(
                 attn,
                 mlp,
-                RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, device=device),
-                RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, device=device),
+                RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, multiply_before_cast=False, device=device),
+                RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, multiply_before_cast=False, device=device),
             )
         )
     return Transformer(
         Embedding(c.vocab_size, c.hidden_size, DType.float32, device),
         layers,
-        RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, device=device),
+        RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, multiply_before_cast=False, device=device),
         Linear(c.hidden_size, c.vocab_size, DType.float32, device),
         tie_word_embeddings=c.tie_word_embeddings,
         dtype=dtype,
