@@ -66,8 +66,8 @@ def model():
     return m, sd
 
 
-def _types(batch="batch"):
-    cache = [CFG.num_hidden_layers, batch, CFG.num_key_value_heads, CACHE, CFG.head_dim]
+def _types(batch="batch", cache_len=CACHE):
+    cache = [CFG.num_hidden_layers, batch, CFG.num_key_value_heads, cache_len, CFG.head_dim]
     return [
         TensorType(DType.int32, [batch, "seq"]),
         TensorType(DType.int32, [batch, "seq"]),
@@ -77,8 +77,8 @@ def _types(batch="batch"):
     ]
 
 
-def _cache(b):
-    return np.zeros((CFG.num_hidden_layers, b, CFG.num_key_value_heads, CACHE, CFG.head_dim), np.float32)
+def _cache(b, cache_len=CACHE):
+    return np.zeros((CFG.num_hidden_layers, b, CFG.num_key_value_heads, cache_len, CFG.head_dim), np.float32)
 
 
 def test_tied_weights_and_names(model):
@@ -126,6 +126,28 @@ def test_right_padded_rows_of_different_lengths(model):
     l2, _, _ = jax.jit(prog.apply)(state, nxt, np.array([[6], [3]], np.int32), kc, vc, np.zeros(2, np.int32))
     np.testing.assert_allclose(np.asarray(l2)[0], reference_logits(sd, np.concatenate([a, nxt[:1]], 1))[0, -1], atol=2e-5)
     np.testing.assert_allclose(np.asarray(l2)[1], reference_logits(sd, np.concatenate([b, nxt[1:]], 1))[0, -1], atol=2e-5)
+
+
+@pytest.mark.parametrize("prompt_len", [5, 70, 130])
+def test_attention_reads_a_window_of_the_cache_that_holds_every_position(model, prompt_len):
+    """A 200-position cache has key windows 64, 128 and 200; prefill and batched decode in each
+    (prompt_len + 1 positions) give the logits of a full forward pass."""
+    from maxjax.nn.attention import _windows
+
+    assert _windows(200) == (64, 128, 200) and _windows(64) == (64,) and _windows(16) == (16,)
+    m, sd = model
+    toks = np.random.default_rng(3).integers(0, CFG.vocab_size, (2, prompt_len + 1)).astype(np.int32)
+    ref = reference_logits(sd, toks)
+    prog = Program(Graph("llama", forward=m, input_types=_types(cache_len=200)))
+    state = prog.prepare(m.state_dict())
+    run = jax.jit(prog.apply)
+    pos = np.broadcast_to(np.arange(prompt_len, dtype=np.int32), (2, prompt_len))
+    last = np.full(2, prompt_len - 1, np.int32)
+    logits, kc, vc = run(state, toks[:, :prompt_len], pos, _cache(2, 200), _cache(2, 200), last)
+    np.testing.assert_allclose(np.asarray(logits), ref[:, prompt_len - 1], atol=3e-5)
+    step = np.full((2, 1), prompt_len, np.int32)
+    logits, _, _ = run(state, toks[:, prompt_len:], step, kc, vc, np.zeros(2, np.int32))
+    np.testing.assert_allclose(np.asarray(logits), ref[:, prompt_len], atol=3e-5)
 
 
 def test_rotary_embedding_interleaved_equals_permuted_halves():

@@ -1,11 +1,12 @@
 """``AttentionWithRope``: grouped-query causal self-attention with rotary embedding and a KV cache.
 
 The KV cache of a whole model is two arrays ``[n_layers, batch, n_kv_heads, max_seq_len,
-head_dim]`` (keys, values; KV-head-major, so a layer's keys are read without a transpose). A layer writes the keys and values of its new tokens at their
-positions (``ops.scatter_nd``, in place under ``jax.jit`` with the cache donated) and attends over
-the whole cache row with the mask ``key_position <= query_position``, so padded prompts of
-different lengths share one batch: positions past a sequence's end hold values nothing attends to
-until they are overwritten.
+head_dim]`` (keys, values; KV-head-major, so a layer's keys are read without a transpose). A layer
+writes the keys and values of its new tokens at their positions (``ops.scatter_nd``, in place
+under ``jax.jit`` with the cache donated) and attends over the start of the cache rows that holds
+every position of the batch (a window of 64, 128, ... positions chosen at run time) with the mask
+``key_position <= query_position``, so padded prompts of different lengths share one batch:
+positions past a sequence's end hold values nothing attends to until they are overwritten.
 
 References: Vaswani et al., 2017 (attention); Ainslie et al., 2023 (grouped-query attention,
 query head ``h`` uses KV head ``h // (n_heads // n_kv_heads)``, as Hugging Face's
