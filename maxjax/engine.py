@@ -71,7 +71,8 @@ class Program:
             file's blocks as they are (uint8, the file's size). ``"nibbles"``: Q4_0, Q4_1 and Q4_K
             weights kept at 4 bits per value with their block scales, re-laid so that XLA unpacks
             them with vector instructions (:class:`~maxjax.graph.quantization.NibbleWeight`; the
-            file's size for Q4_0/Q4_1); other encodings as ``"unpacked"``. ``"unpacked"``: one byte per quantized
+            file's size for Q4_0/Q4_1); other encodings, and 4-bit weights with an odd number of
+            rows, as ``"unpacked"``. ``"unpacked"``: one byte per quantized
             value plus float32 scales and offsets per block
             (:class:`~maxjax.graph.quantization.RepackedWeight`, about 1.25 bytes per weight for
             Q4_1): on XLA:CPU its dequantization fuses into matrix-vector products at memory speed,
@@ -166,8 +167,13 @@ class Program:
             flat = jnp.asarray(packed.reshape(-1, packed.shape[-1]))
             if self.quantized_layout == "dequantized":
                 return jax.device_put(dequantize(enc, flat).reshape(*lead, -1), target)
-            r = repack_nibbles(enc, flat) if self.quantized_layout == "nibbles" and _nibbles_fit(enc, flat) else repack(enc, flat)
-            return type(r)(*(None if a is None else jax.device_put(a.reshape(*lead, -1), target) for a in r))
+            rows = lead[-1] if lead else 1  # a stacked weight's rows pair within each layer
+            nibbles = self.quantized_layout == "nibbles" and _nibbles_fit(enc, rows)
+            r = repack_nibbles(enc, flat) if nibbles else repack(enc, flat)
+            layers = lead[:-1]  # a stacked weight: the leading layer axes come back
+            return type(r)(
+                *(None if a is None else jax.device_put(a.reshape(*layers, -1, a.shape[-1]), target) for a in r)
+            )
         return to_jax_array(value, target)
 
     @staticmethod
@@ -362,8 +368,8 @@ def enable_compilation_cache(path: str | None = None) -> str:
     return folder
 
 
-def _nibbles_fit(enc: Any, packed: Any) -> bool:
-    """Whether ``repack_nibbles`` takes these blocks: a 4-bit encoding and rows of 64k values."""
+def _nibbles_fit(enc: Any, rows: int) -> bool:
+    """Whether ``repack_nibbles`` takes a weight: a 4-bit encoding and an even number of rows."""
     from maxjax.graph.quantization import _NIBBLE_SCALE_DTYPE
 
-    return enc in _NIBBLE_SCALE_DTYPE and (packed.shape[-1] // enc.block_size * enc.elements_per_block) % 64 == 0
+    return enc in _NIBBLE_SCALE_DTYPE and rows % 2 == 0

@@ -471,14 +471,14 @@ NIBBLE_SCALE = {E.Q4_0: jnp.float16, E.Q4_1: jnp.float16, E.Q4_K: jnp.float32}
 
 @pytest.mark.parametrize("encoding", list(NIBBLE_SCALE), ids=lambda e: e.value)
 @settings(max_examples=6, deadline=None)
-@given(rows=st.integers(1, 3), seed=st.integers(0, 2**32 - 1))
-def test_repack_nibbles_is_bit_identical(encoding, rows, seed):
-    blocks = 1 if encoding.elements_per_block == 256 else 4  # rows of 256 and 128 values
+@given(pairs=st.integers(1, 3), blocks=st.integers(1, 2), seed=st.integers(0, 2**32 - 1))
+def test_repack_nibbles_is_bit_identical(encoding, pairs, blocks, seed):
+    rows = 2 * pairs
     packed = random_blocks(encoding, rows, blocks, seed)
     r = repack_nibbles(encoding, packed)
     cols = blocks * encoding.elements_per_block
     assert isinstance(r, NibbleWeight) and r.shape == (rows, cols) and r.group == 32
-    assert r.values.shape == (rows, cols // 2) and r.values.dtype == jnp.uint8
+    assert r.values.shape == (rows // 2, cols) and r.values.dtype == jnp.uint8
     assert r.scale.shape == (rows, cols // 32) and r.scale.dtype == NIBBLE_SCALE[encoding]
     if encoding is E.Q4_0:
         assert r.offset is None
@@ -488,28 +488,35 @@ def test_repack_nibbles_is_bit_identical(encoding, rows, seed):
     nbytes = sum(a.nbytes for a in r if a is not None)
     assert nbytes == packed.nbytes if encoding is not E.Q4_K else nbytes == packed.nbytes * 4 // 3
     assert_bitwise_equal(r.dequantize(), reference(encoding, packed))
-    # the nibble layout: byte j holds value j (low) and value j + cols // 2 (high)
+    # the nibble layout: byte (i, j) holds row 2i (low nibble) and row 2i + 1 (high nibble)
     full = repack(encoding, packed)
     q = np.asarray(full.values).astype(np.int16) + (8 if encoding is E.Q4_0 else 0)
     v = np.asarray(r.values)
-    np.testing.assert_array_equal(v & 15, q[:, : cols // 2])
-    np.testing.assert_array_equal(v >> 4, q[:, cols // 2 :])
+    np.testing.assert_array_equal(v & 15, q[0::2])
+    np.testing.assert_array_equal(v >> 4, q[1::2])
+    # rows looked up one by one (an embedding) come back in the unpacked layout, same values
+    idx = np.array([rows - 1, 0, 1], np.int32)
+    rows_r = _gather(r, idx, axis=0)
+    assert isinstance(rows_r, RepackedWeight)
+    assert_bitwise_equal(rows_r.dequantize(), reference(encoding, packed)[idx])
 
 
 def test_repack_nibbles_real_weights_matmul_and_rows(smollm2):
     packed = np.asarray(_tensor(smollm2, "blk.0.ffn_down.weight").data)  # Q4_1 [576, 1536 values]
     r = jax.jit(lambda w: repack_nibbles(E.Q4_1, w))(packed)
-    assert r.values.shape == (576, 768) and sum(a.nbytes for a in r) == packed.nbytes
+    assert r.values.shape == (288, 1536) and sum(a.nbytes for a in r) == packed.nbytes
     assert_bitwise_equal(r.dequantize(), reference(E.Q4_1, packed))
     x = np.random.default_rng(3).standard_normal((5, 1536)).astype(np.float32)
     np.testing.assert_array_equal(jax.jit(repacked_matmul)(x, r), jax.jit(repacked_matmul)(x, repack(E.Q4_1, packed)))
-    rows = _gather(r, np.array([3, 0], np.int32), axis=0)  # the op behind ops.gather (an embedding lookup)
-    assert isinstance(rows, NibbleWeight)
-    assert_bitwise_equal(rows.dequantize(), reference(E.Q4_1, packed)[[3, 0]])
+    rows = _gather(r, np.array([3, 0, 575], np.int32), axis=0)  # the op behind ops.gather (an embedding lookup)
+    assert_bitwise_equal(rows.dequantize(), reference(E.Q4_1, packed)[[3, 0, 575]])
+    stacked = jax.jit(jax.vmap(lambda w: repack_nibbles(E.Q4_1, w)))(np.stack([packed, packed]))
+    assert stacked.shape == (2, 576, 1536) and stacked.values.shape == (2, 288, 1536)
+    assert_bitwise_equal(stacked.dequantize()[1], reference(E.Q4_1, packed))
 
 
 def test_repack_nibbles_errors():
     with pytest.raises(ValueError, match="Q8_0 does not have 4-bit values"):
         repack_nibbles(E.Q8_0, np.zeros((2, 34), np.uint8))
-    with pytest.raises(ValueError, match="rows of 32 values; a multiple of 64 is needed"):
-        repack_nibbles(E.Q4_1, np.zeros((2, 20), np.uint8))
+    with pytest.raises(ValueError, match="3 rows; rows are packed in pairs, so an even number is needed"):
+        repack_nibbles(E.Q4_1, np.zeros((3, 20), np.uint8))

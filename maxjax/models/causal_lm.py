@@ -83,9 +83,9 @@ class CausalLM:
         quantized_layout: how quantized weights are kept (see :class:`maxjax.engine.Program`):
             ``"nibbles"`` (default: 4-bit weights stay 4 bits with their block scales, the file's
             size for Q4_0/Q4_1; other encodings one byte per value), ``"unpacked"`` (one byte per
-            value plus float32 block scales: about 2x the memory of Q4_1, and on CPU about 1.4x
-            faster at batch-1 decode), ``"packed"`` (the file's blocks as they are; slow on CPU)
-            or ``"dequantized"`` (float32).
+            value plus float32 block scales: about 2x the memory of Q4_1, no faster on CPU),
+            ``"packed"`` (the file's blocks as they are; slow on CPU) or ``"dequantized"``
+            (float32). All give the same weights, bit for bit.
     """
 
     def __init__(
@@ -439,8 +439,8 @@ def load_model(
     cache), or with no argument the bundled SmolLM2-135M-Instruct (Q4_1 GGUF).
 
     ``quantized_layout`` is how a GGUF's quantized weights are kept in memory (see
-    :class:`CausalLM`): ``"nibbles"`` (default, 4-bit stays 4-bit) or ``"unpacked"`` (faster
-    decode on CPU, more memory), ``"packed"``, ``"dequantized"``.
+    :class:`CausalLM`): ``"nibbles"`` (default, 4-bit stays 4-bit), ``"unpacked"`` (one byte per
+    value), ``"packed"``, ``"dequantized"``.
 
     Raises:
         FileNotFoundError: no such model.

@@ -39,7 +39,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         choices=_LAYOUTS,
         default="nibbles",
         help="how quantized weights sit in memory: nibbles (default; 4-bit stays 4-bit), unpacked (one byte per "
-        "value: faster decode on CPU, about 2x the memory of Q4_1), packed (the file's blocks), dequantized (float32)",
+        "value, about 2x the memory of Q4_1), packed (the file's blocks; slow on CPU), dequantized (float32)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar while weights load")
 

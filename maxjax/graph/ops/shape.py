@@ -358,12 +358,19 @@ def band_part(x: Any, num_lower: int | None = None, num_upper: int | None = None
 
 # -- indexing --------------------------------------------------------------------------------
 def _gather(x: Any, idx: Any, *, axis: int) -> Any:
-    from maxjax.graph.quantization import REPACKED_TYPES
+    from maxjax.graph.quantization import REPACKED_TYPES, NibbleWeight, RepackedWeight
 
     if isinstance(x, REPACKED_TYPES):  # rows of a quantized weight in the unpacked/nibbles layout
         if axis not in (0, -2):
             raise ValueError("gather: a quantized weight can only be gathered by rows (axis 0)")
-        return type(x)(*(None if a is None else jnp.take(a, idx, axis=0, mode="clip") for a in x))
+        scale, offset = (None if a is None else jnp.take(a, idx, axis=0, mode="clip") for a in (x.scale, x.offset))
+        if isinstance(x, NibbleWeight):  # rows 2i and 2i + 1 share the bytes of row i
+            idx = jnp.clip(jnp.asarray(idx, jnp.int32), 0, x.shape[0] - 1)
+            q = (jnp.take(x.values, idx // 2, axis=0) >> (4 * (idx % 2)).astype(jnp.uint8)[..., None]) & jnp.uint8(15)
+            if offset is None:  # Q4_0
+                q = q.astype(jnp.int8) - jnp.int8(8)
+            return RepackedWeight(q, scale.astype(jnp.float32), None if offset is None else offset.astype(jnp.float32))
+        return RepackedWeight(jnp.take(x.values, idx, axis=0, mode="clip"), scale, offset)
     return jnp.take(x, idx, axis=axis, mode="clip")
 
 
