@@ -160,7 +160,7 @@ class Program:
     def _place(self, w: Any, value: Any, target: Any, quantized_uses_only: bool) -> Any:
         enc = w.quantization_encoding
         if self.quantized_layout != "packed" and enc is not None and enc.is_gguf and quantized_uses_only:
-            from maxjax.graph.quantization import dequantize, repack, repack_nibbles
+            from maxjax.graph.quantization import NIBBLE_ENCODINGS, dequantize, repack, repack_nibbles
 
             packed = np.asarray(_host(value))
             lead = packed.shape[:-1]
@@ -168,7 +168,7 @@ class Program:
             if self.quantized_layout == "dequantized":
                 return jax.device_put(dequantize(enc, flat).reshape(*lead, -1), target)
             rows = lead[-1] if lead else 1  # a stacked weight's rows pair within each layer
-            nibbles = self.quantized_layout == "nibbles" and _nibbles_fit(enc, rows)
+            nibbles = self.quantized_layout == "nibbles" and enc in NIBBLE_ENCODINGS and rows % 2 == 0
             r = repack_nibbles(enc, flat) if nibbles else repack(enc, flat)
             layers = lead[:-1]  # a stacked weight: the leading layer axes come back
             return type(r)(
@@ -366,10 +366,3 @@ def enable_compilation_cache(path: str | None = None) -> str:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return folder
-
-
-def _nibbles_fit(enc: Any, rows: int) -> bool:
-    """Whether ``repack_nibbles`` takes a weight: a 4-bit encoding and an even number of rows."""
-    from maxjax.graph.quantization import _NIBBLE_SCALE_DTYPE
-
-    return enc in _NIBBLE_SCALE_DTYPE and rows % 2 == 0

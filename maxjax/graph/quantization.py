@@ -40,6 +40,7 @@ __all__ = [
     "BlockParameters",
     "QuantizationConfig",
     "QuantizationEncoding",
+    "NIBBLE_ENCODINGS",
     "NibbleWeight",
     "RepackedWeight",
     "dequantize",
@@ -684,6 +685,8 @@ def _repack_nibbles_jit(enc: QuantizationEncoding, packed: jax.Array) -> NibbleW
 
 #: the 4-bit encodings ``repack_nibbles`` takes, with the dtype that holds their scales exactly
 _NIBBLE_SCALE_DTYPE = {_E.Q4_0: jnp.float16, _E.Q4_1: jnp.float16, _E.Q4_K: jnp.float32}
+#: the encodings :func:`repack_nibbles` takes (it also needs an even number of rows)
+NIBBLE_ENCODINGS = frozenset(_NIBBLE_SCALE_DTYPE)
 
 
 def repacked_matmul(x: jax.Array, weight: RepackedWeight | NibbleWeight) -> jax.Array:
