@@ -86,6 +86,15 @@ def test_batch_of_different_lengths_equals_one_by_one_and_never_recompiles_per_t
     assert lm.num_compiles - before == compiled_for_batch
 
 
+def test_compile_time_is_reported_apart_from_decode_time(lm):
+    prompts = ["A batch of three", "of a shape no other test uses", "so that it compiles here"]
+    a = lm.generate(prompts, 4, stop_at_eos=False)[0]
+    b = lm.generate(prompts, 4, stop_at_eos=False)[0]
+    assert a.compile_seconds > 0.05 and b.compile_seconds == 0
+    assert a.decode_seconds < a.compile_seconds  # three decode steps, without their compile
+    assert a.token_ids == b.token_ids
+
+
 def test_sampling_is_reproducible_and_top_k_1_is_greedy(lm):
     p = "The quick brown fox"
     a = lm.generate([p], 10, temperature=0.9, top_p=0.95, seed=3, stop_at_eos=False)[0].token_ids
@@ -146,6 +155,7 @@ def test_cli_generate_streams_and_summarises(capsys):
     out, err = capsys.readouterr()
     assert out.startswith(" with a quick brown bear.")
     assert "[4 prompt tokens, 8 new tokens (length), time to first token" in err and "tokens/s" in err
+    assert "compile" in err  # the CLI's first run of each shape compiles: it says how long that took
 
 
 @pytest.mark.parametrize(

@@ -43,8 +43,10 @@ CACHE_ROUND = 128
 class Generation:
     """One prompt's result: the new token ids and text, and how long it took.
 
-    ``time_to_first_token`` is seconds from the start of the batch to its first sampled token;
-    ``decode_seconds`` is the time spent in decode steps after that.
+    ``time_to_first_token`` is seconds from the start of the batch to its first sampled token
+    (compiling the prefill, when this shape is new, included); ``decode_seconds`` is the time spent
+    in decode steps after that, less ``compile_seconds`` of them; ``compile_seconds`` is the time
+    this call spent compiling (0 once every shape it needs has been compiled).
     """
 
     prompt: str
@@ -54,6 +56,7 @@ class Generation:
     finish_reason: str = "length"
     time_to_first_token: float = 0.0
     decode_seconds: float = 0.0
+    compile_seconds: float = 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -323,25 +326,23 @@ class CausalLM:
         key = sub = jax.random.key(seed)
         if do_sample:
             key, sub = jax.random.split(key)
-        nxt, _, k_cache, v_cache = self.prefill(tokens, lengths, k_cache, v_cache, sub, **sampling)
+        compile_s = 0.0
+
+        def timed(call: Callable[[], Any]) -> Any:  # a call that compiles adds its time to compile_s
+            nonlocal compile_s
+            n0, t0 = self.num_compiles, time.perf_counter()
+            out = call()  # jit dispatch returns once compiled, before the device has run it
+            if self.num_compiles != n0:
+                compile_s += time.perf_counter() - t0
+            return out
+
+        nxt, _, k_cache, v_cache = timed(lambda: self.prefill(tokens, lengths, k_cache, v_cache, sub, **sampling))
         eos = self.tokenizer.eos_token_ids if stop_at_eos else frozenset()
         results = [Generation(p, i) for p, i in zip(prompts, ids)]
         done = np.zeros(b, bool)
         positions = lengths.copy()
-        first = None
-        for step in range(max_new_tokens):
-            # The device runs step + 1 while the host reads step's tokens: the next step is
-            # dispatched on the device-resident tokens before they are copied to the host (a row
-            # that has just ended computes one token more, which is dropped).
-            pending = None
-            if step < max_new_tokens - 1:
-                if do_sample:
-                    key, sub = jax.random.split(key)
-                pending = self.decode_step(nxt, positions, k_cache, v_cache, sub, **sampling)
-                positions = positions + 1
-            host = np.asarray(nxt)
-            if first is None:
-                first = time.perf_counter() - start
+
+        def emit(host: np.ndarray) -> None:
             for r in range(b):
                 if done[r]:
                     continue
@@ -353,14 +354,36 @@ class CausalLM:
                 results[r].token_ids.append(t)
                 if on_token is not None:
                     on_token(r, t)
-            if pending is None or done.all():
-                break
-            nxt, _, k_cache, v_cache = pending
+
+        def step(tokens: Any, positions: np.ndarray, k_cache: Any, v_cache: Any, key: Any):
+            sub = key
+            if do_sample:
+                key, sub = jax.random.split(key)
+            return (*self.decode_step(tokens, positions, k_cache, v_cache, sub, **sampling), key)
+
+        host = np.asarray(nxt)
+        first = time.perf_counter() - start
+        emit(host)  # the first tokens go out before the first decode step (and its compile)
+        prefill_compile_s = compile_s
+        if not done.all() and max_new_tokens > 1:
+            nxt, _, k_cache, v_cache, key = timed(lambda: step(nxt, positions, k_cache, v_cache, key))
+            positions = positions + 1
+            for n in range(2, max_new_tokens + 1):
+                # The device makes token n + 1 while the host reads token n: the next step is
+                # dispatched on the device-resident tokens before they are copied to the host (a
+                # row that has just ended computes one token more, which is dropped).
+                pending = step(nxt, positions, k_cache, v_cache, key) if n < max_new_tokens else None
+                positions = positions + 1
+                emit(np.asarray(nxt))
+                if pending is None or done.all():
+                    break
+                nxt, _, k_cache, v_cache, key = pending
         total = time.perf_counter() - start
         for r in results:
             r.text = self.tokenizer.decode(r.token_ids)
             r.time_to_first_token = first
-            r.decode_seconds = total - first
+            r.decode_seconds = total - first - (compile_s - prefill_compile_s)
+            r.compile_seconds = compile_s
         return results
 
     def stream(self, prompt: str, max_new_tokens: int = 64, **kwargs: Any) -> Iterator[str]:

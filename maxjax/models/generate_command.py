@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"[{len(g.prompt_ids)} prompt tokens, {len(g.token_ids)} new tokens ({g.finish_reason}), "
         f"time to first token {g.time_to_first_token:.2f} s, {g.tokens_per_second:.1f} tokens/s, "
-        f"load {load_s:.1f} s]",
+        + (f"compile {g.compile_seconds:.1f} s, " if g.compile_seconds else "")
+        + f"load {load_s:.1f} s]",
         file=sys.stderr,
     )
     return 0
