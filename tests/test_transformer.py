@@ -129,12 +129,9 @@ def test_right_padded_rows_of_different_lengths(model):
 
 
 @pytest.mark.parametrize("prompt_len", [5, 70, 130])
-def test_attention_reads_a_window_of_the_cache_that_holds_every_position(model, prompt_len):
-    """A 200-position cache has key windows 64, 128 and 200; prefill and batched decode in each
-    (prompt_len + 1 positions) give the logits of a full forward pass."""
-    from maxjax.nn.attention import _windows
-
-    assert _windows(200) == (64, 128, 200) and _windows(64) == (64,) and _windows(16) == (16,)
+def test_prefill_and_batched_decode_in_a_long_cache(model, prompt_len):
+    """In a 200-position cache filled to several depths, prefill and a batched decode step
+    (grouped query heads) give the logits of a full forward pass."""
     m, sd = model
     toks = np.random.default_rng(3).integers(0, CFG.vocab_size, (2, prompt_len + 1)).astype(np.int32)
     ref = reference_logits(sd, toks)
