@@ -130,8 +130,11 @@ def test_right_padded_rows_of_different_lengths(model):
 
 @pytest.mark.parametrize("prompt_len", [5, 70, 130])
 def test_prefill_and_batched_decode_in_a_long_cache(model, prompt_len):
-    """In a 200-position cache filled to several depths, prefill and a batched decode step
-    (grouped query heads) give the logits of a full forward pass."""
+    """In a 200-position cache (key windows 64, 128 and 200) filled to a depth in each window,
+    prefill and a batched decode step (grouped query heads) give the logits of a full forward pass."""
+    from maxjax.nn.attention import _windows
+
+    assert _windows(200) == (64, 128, 200) and _windows(64) == (64,) and _windows(16) == (16,)
     m, sd = model
     toks = np.random.default_rng(3).integers(0, CFG.vocab_size, (2, prompt_len + 1)).astype(np.int32)
     ref = reference_logits(sd, toks)
