@@ -258,10 +258,7 @@ class CausalLM:
             ValueError: no prompts, an empty prompt, ``max_new_tokens < 1``, or a prompt that
                 with the new tokens does not fit the model's context.
         """
-        if not prompts:
-            raise ValueError("no prompts given")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        _check_request(len(prompts), max_new_tokens)
         start = time.perf_counter()
         ids = [self.encode_prompt(p, chat) for p in prompts]
         return self._generate(
@@ -287,10 +284,7 @@ class CausalLM:
             ValueError: no rows, an empty row, an id outside the vocabulary, ``max_new_tokens < 1``,
                 or a row that with the new tokens does not fit the model's context.
         """
-        if not token_ids:
-            raise ValueError("no prompts given")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        _check_request(len(token_ids), max_new_tokens)
         start = time.perf_counter()
         ids = [[int(t) for t in row] for row in token_ids]
         vocab = self.config.vocab_size
@@ -417,6 +411,14 @@ class CausalLM:
         if "error" in box:
             raise box["error"]
         self.last_generation = box["result"]
+
+
+def _check_request(rows: int, max_new_tokens: int) -> None:
+    """The checks ``generate`` and ``generate_tokens`` share: some rows, at least one new token."""
+    if not rows:
+        raise ValueError("no prompts given")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
 
 
 def _progress_bar(total: int, desc: str) -> Any:
