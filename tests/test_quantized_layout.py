@@ -83,3 +83,22 @@ def test_repacked_matmul_of_a_large_weight_in_row_blocks_matches():
     out = np.asarray(jax.jit(repacked_matmul)(x, r))
     assert out.shape == (2, 3, 12288)
     np.testing.assert_allclose(out, x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("lead", [(1,), (2,), (4, 4), (17,), (2, 64)])
+def test_matmul_transposed_on_either_side_of_the_swapped_range(lead):
+    """1 row and more than 16 rows: x @ w.T; 2 to 16 rows: (w @ x.T).T. Same numbers, same gradient."""
+    from maxjax.graph.quantization import SWAPPED_MAX_ROWS, matmul_transposed, repack_nibbles, repacked_matmul
+
+    assert SWAPPED_MAX_ROWS == 16
+    packed = _quantized(96, 64, gguf.GGMLQuantizationType.Q4_1)
+    nib = repack_nibbles(QuantizationEncoding.Q4_1, jax.numpy.asarray(packed))
+    w = np.asarray(nib.dequantize())
+    x = RNG.standard_normal((*lead, 64)).astype(np.float32)
+    expected = x.astype(np.float64) @ w.astype(np.float64).T
+    for f, weight in ((matmul_transposed, w), (repacked_matmul, nib)):
+        out = np.asarray(jax.jit(f)(x, weight))
+        assert out.shape == (*lead, 96)
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    grad = jax.grad(lambda x: (matmul_transposed(x, w) ** 2).sum())(x)
+    np.testing.assert_allclose(np.asarray(grad), 2 * expected @ w.astype(np.float64), rtol=1e-4, atol=1e-4)

@@ -112,7 +112,7 @@ def _qmatmul(x: Any, w: Any, *, encoding: Any) -> Any:
     if isinstance(w, quantization.REPACKED_TYPES):  # the unpacked/nibbles layouts of Program.prepare
         return quantization.repacked_matmul(x, w)
     if w.dtype == jnp.float32:  # the dequantized layout Program.prepare may choose
-        return jnp.matmul(x, w.T, precision=jax.lax.Precision.HIGHEST)
+        return quantization.matmul_transposed(x, w)
     return quantization.quantized_matmul(x, w, encoding)
 
 
