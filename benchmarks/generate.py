@@ -134,6 +134,13 @@ def stats(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "best": min(xs), "all": xs}
 
 
+def decode_result(batch: int, prompt_tokens: int, steps: int, runs: list[float], tokens: list, **extra) -> dict:
+    """One engine's decode figures: ``runs`` are seconds for ``steps`` tokens of each of ``batch`` rows."""
+    med = statistics.median(runs)
+    return {"batch": batch, "prompt_tokens": prompt_tokens, "steps": steps, **extra, "seconds": stats(runs),
+            "tokens_per_s": batch * steps / med, "per_row_tokens_per_s": steps / med, "token_ids": tokens}  # fmt: skip
+
+
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -256,12 +263,9 @@ def worker_maxjax(req: dict) -> dict:
             runs.append(stamps[steps] - stamps[0])
             firsts.append(stamps[0] - t0)
             tokens = [r.token_ids for r in res]  # [b, steps + 1]
-        med = statistics.median(runs)
         c = compiles[f"generate b={b} seq={bucket} cache={cache_len}"]
-        c["compile_s"] = c["first_call_s"] - (statistics.median(firsts) + med)
-        return {"batch": b, "prompt_tokens": len(rows[0]), "steps": steps, "cache_len": cache_len,
-                "seconds": stats(runs), "tokens_per_s": b * steps / med, "per_row_tokens_per_s": steps / med,
-                "token_ids": tokens}  # fmt: skip
+        c["compile_s"] = c["first_call_s"] - (statistics.median(firsts) + statistics.median(runs))
+        return decode_result(b, len(rows[0]), steps, runs, tokens, cache_len=cache_len)
 
     short = req["short_ids"]
     out["decode_b1"] = decode(short[:1])
@@ -361,10 +365,7 @@ def worker_hf(req: dict) -> dict:
             # times[0]: prompt, times[1]: first new token, ..., times[steps + 1]: last, then end()
             runs.append(st.times[steps + 1] - st.times[1])
             tokens = o[:, inp.shape[1]:].tolist()
-        med = statistics.median(runs)
-        return {"batch": inp.shape[0], "prompt_tokens": inp.shape[1], "steps": steps, "seconds": stats(runs),
-                "tokens_per_s": inp.shape[0] * steps / med, "per_row_tokens_per_s": steps / med,
-                "token_ids": tokens}  # fmt: skip
+        return decode_result(inp.shape[0], inp.shape[1], steps, runs, tokens)
 
     short = req["short_ids"]
     out["decode_b1"] = decode(short[:1])
@@ -450,9 +451,7 @@ def worker_llama(req: dict) -> dict:
         if rep:
             runs.append(dt)
             tokens = [gen]
-    med = statistics.median(runs)
-    out["decode_b1"] = {"batch": 1, "prompt_tokens": len(row), "steps": steps, "seconds": stats(runs),
-                        "tokens_per_s": steps / med, "per_row_tokens_per_s": steps / med, "token_ids": tokens}  # fmt: skip
+    out["decode_b1"] = decode_result(1, len(row), steps, runs, tokens)
     log(f"[llama] decode b=1: {out['decode_b1']['tokens_per_s']:.1f} tok/s")
     out["peak_rss_mb"] = peak_rss_mb()
     return out
