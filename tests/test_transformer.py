@@ -67,18 +67,21 @@ def model():
 
 
 def _types(batch="batch", cache_len=CACHE):
-    cache = [CFG.num_hidden_layers, batch, CFG.num_key_value_heads, cache_len, CFG.head_dim]
+    keys = [CFG.num_hidden_layers, batch, CFG.num_key_value_heads, CFG.head_dim, cache_len]
+    values = [CFG.num_hidden_layers, batch, CFG.num_key_value_heads, cache_len, CFG.head_dim]
     return [
         TensorType(DType.int32, [batch, "seq"]),
         TensorType(DType.int32, [batch, "seq"]),
-        TensorType(DType.float32, cache),
-        TensorType(DType.float32, cache),
+        TensorType(DType.float32, keys),
+        TensorType(DType.float32, values),
         TensorType(DType.int32, [batch]),
     ]
 
 
-def _cache(b, cache_len=CACHE):
-    return np.zeros((CFG.num_hidden_layers, b, CFG.num_key_value_heads, cache_len, CFG.head_dim), np.float32)
+def _caches(b, cache_len=CACHE):
+    """Zero keys ``[layers, b, kv, head_dim, cache_len]`` and values ``[layers, b, kv, cache_len, head_dim]``."""
+    n, kv, d = CFG.num_hidden_layers, CFG.num_key_value_heads, CFG.head_dim
+    return np.zeros((n, b, kv, d, cache_len), np.float32), np.zeros((n, b, kv, cache_len, d), np.float32)
 
 
 def test_tied_weights_and_names(model):
@@ -99,13 +102,13 @@ def test_prefill_then_decode_matches_full_forward_in_graph_eager_and_jit(model):
     assert len(prog.chains) == 1 and len(prog.chains[0].nodes) == 3
     state = prog.prepare(m.state_dict())
     run = jax.jit(prog.apply)
-    logits, kc, vc = run(state, prompt, pos, _cache(2), _cache(2), last)
+    logits, kc, vc = run(state, prompt, pos, *_caches(2), last)
     np.testing.assert_allclose(np.asarray(logits), ref[:, 5], atol=2e-5)
     logits2, _, _ = run(state, toks[:, 6:], np.full((2, 1), 6, np.int32), kc, vc, np.zeros(2, np.int32))
     np.testing.assert_allclose(np.asarray(logits2), ref[:, 6], atol=2e-5)
-    eager, _, _ = m(prompt, pos, _cache(2), _cache(2), last)
+    eager, _, _ = m(prompt, pos, *_caches(2), last)
     np.testing.assert_allclose(np.asarray(eager), ref[:, 5], atol=2e-5)
-    functional, _, _ = jax.jit(lambda s, *a: nn.functional_call(m, s, *a))(nn.state(m), prompt, pos, _cache(2), _cache(2), last)
+    functional, _, _ = jax.jit(lambda s, *a: nn.functional_call(m, s, *a))(nn.state(m), prompt, pos, *_caches(2), last)
     np.testing.assert_allclose(np.asarray(functional), ref[:, 5], atol=2e-5)
 
 
@@ -118,7 +121,7 @@ def test_right_padded_rows_of_different_lengths(model):
     pos = np.broadcast_to(np.arange(6, dtype=np.int32), (2, 6))
     prog = Program(Graph("llama", forward=m, input_types=_types()))
     state = prog.prepare(m.state_dict())
-    logits, kc, vc = jax.jit(prog.apply)(state, padded, pos, _cache(2), _cache(2), np.array([5, 2], np.int32))
+    logits, kc, vc = jax.jit(prog.apply)(state, padded, pos, *_caches(2), np.array([5, 2], np.int32))
     np.testing.assert_allclose(np.asarray(logits)[0], reference_logits(sd, a)[0, -1], atol=2e-5)
     np.testing.assert_allclose(np.asarray(logits)[1], reference_logits(sd, b)[0, -1], atol=2e-5)
     # decode a token for each row at its own position: row 1 overwrites its padding
@@ -143,7 +146,7 @@ def test_prefill_and_batched_decode_in_a_long_cache(model, prompt_len):
     run = jax.jit(prog.apply)
     pos = np.broadcast_to(np.arange(prompt_len, dtype=np.int32), (2, prompt_len))
     last = np.full(2, prompt_len - 1, np.int32)
-    logits, kc, vc = run(state, toks[:, :prompt_len], pos, _cache(2, 200), _cache(2, 200), last)
+    logits, kc, vc = run(state, toks[:, :prompt_len], pos, *_caches(2, 200), last)
     np.testing.assert_allclose(np.asarray(logits), ref[:, prompt_len - 1], atol=3e-5)
     step = np.full((2, 1), prompt_len, np.int32)
     logits, _, _ = run(state, toks[:, prompt_len:], step, kc, vc, np.zeros(2, np.int32))

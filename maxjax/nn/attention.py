@@ -1,9 +1,12 @@
 """``AttentionWithRope``: grouped-query causal self-attention with rotary embedding and a KV cache.
 
-The KV cache of a whole model is two arrays ``[n_layers, batch, n_kv_heads, max_seq_len,
-head_dim]`` (keys, values; KV-head-major, so a layer's keys are read without a transpose). A layer
-writes the keys and values of its new tokens at their positions (``ops.scatter_nd``, in place
-under ``jax.jit`` with the cache donated) and attends over the start of the cache rows that holds
+The KV cache of a whole model is two arrays, KV-head-major: keys ``[n_layers, batch, n_kv_heads,
+head_dim, max_seq_len]`` and values ``[n_layers, batch, n_kv_heads, max_seq_len, head_dim]``. Keys
+are stored transposed so that both attention products read the cache as plain ``[.., k, n]``
+right operands: XLA:CPU's matmul library re-lays a transposed right operand on every call
+(SmolLM2, 2 CPU cores, process-separated alternating runs: batch-16 decode 30-32 -> 29 ms a step,
+batch-1 decode 10.1-11.1 -> 10.2 ms). A layer writes the keys and values of its new tokens at
+their positions (``ops.scatter_nd``, in place under ``jax.jit`` with the cache donated) and attends over the start of the cache rows that holds
 every position of the batch (a window of 64, 128, ... positions chosen at run time) with the mask
 ``key_position <= query_position``, so padded prompts of different lengths share one batch:
 positions past a sequence's end hold values nothing attends to until they are overwritten.
@@ -46,9 +49,9 @@ def _windows(max_seq: Any) -> tuple[int, ...]:
 def _causal_gqa(q: Any, k_cache: Any, v_cache: Any, layer: Any, positions: Any, *, scale: float) -> Any:
     """Causal grouped-query attention of one layer over its cache rows (one op of its own).
 
-    q ``[batch, seq, h, d]``; k_cache, v_cache ``[n_layers, batch, kv, max_seq, d]``; layer a scalar
-    int; positions int ``[batch, seq]``. Key ``j`` is visible to a query at position ``p`` when
-    ``j <= p``. Returns ``[batch, seq, h * d]``.
+    q ``[batch, seq, h, d]``; k_cache ``[n_layers, batch, kv, d, max_seq]``; v_cache ``[n_layers,
+    batch, kv, max_seq, d]``; layer a scalar int; positions int ``[batch, seq]``. Key ``j`` is
+    visible to a query at position ``p`` when ``j <= p``. Returns ``[batch, seq, h * d]``.
 
     Only the first ``W`` cache positions are read, for the smallest window ``W`` in 64, 128, 256,
     ..., ``max_seq`` that holds every position of the batch (``lax.switch`` over the windows, so
@@ -62,7 +65,7 @@ def _causal_gqa(q: Any, k_cache: Any, v_cache: Any, layer: Any, positions: Any, 
     import jax
     import jax.numpy as jnp
 
-    windows = _windows(k_cache.shape[3])
+    windows = _windows(v_cache.shape[3])
     branches = [lambda *a, w=w: _attend(*a, window=w, scale=scale) for w in windows]
     if len(branches) == 1:
         return branches[0](q, k_cache, v_cache, layer, positions)
@@ -87,7 +90,7 @@ def _attend(q: Any, k_cache: Any, v_cache: Any, layer: Any, positions: Any, *, w
     kv = k_cache.shape[2]
     g = h // kv
     layer = jnp.asarray(layer, jnp.int32)
-    keys = jax.lax.dynamic_index_in_dim(k_cache, layer, 0, keepdims=False)[:, :, :window].astype(q.dtype)
+    keys = jax.lax.dynamic_index_in_dim(k_cache, layer, 0, keepdims=False)[..., :window].astype(q.dtype)  # [b, kv, d, window]
     values = jax.lax.dynamic_index_in_dim(v_cache, layer, 0, keepdims=False)[:, :, :window].astype(q.dtype)
     visible = positions.astype(jnp.int32)[:, :, None] >= jnp.arange(window, dtype=jnp.int32)  # [b, s, window]
     hp = jax.lax.Precision.HIGHEST
@@ -97,16 +100,16 @@ def _attend(q: Any, k_cache: Any, v_cache: Any, layer: Any, positions: Any, *, w
         if g > 1:
             keys, values = jnp.repeat(keys, g, axis=1), jnp.repeat(values, g, axis=1)
         qh = jnp.transpose(q, (0, 2, 1, 3))  # [b, h, s, d]
-        scores = jnp.matmul(qh, jnp.swapaxes(keys, -1, -2), precision=hp) * scale  # [b, h, s, window]
+        scores = jnp.matmul(qh, keys, precision=hp) * scale  # [b, h, s, window]
         scores = jnp.where(visible[:, None], scores.astype(jnp.float32), -jnp.inf)
         probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
         ctx = jnp.transpose(jnp.matmul(probs, values, precision=hp), (0, 2, 1, 3))  # [b, s, h, d]
     else:
         # one query token per row: the query heads of a KV head form the rows of its dots,
-        # [b, kv, g, d] x [b, kv, window, d] -> [b, kv, g, window] (both operands in their
+        # [b, kv, g, d] x [b, kv, d, window] -> [b, kv, g, window] (both operands in their
         # stored layout; a [.., window, g] order made XLA copy the cache and run a slow dot)
         qg = q.reshape(b, kv, g, d)
-        scores = jnp.einsum("bngd,bnkd->bngk", qg, keys, precision=hp) * scale
+        scores = jnp.einsum("bngd,bndk->bngk", qg, keys, precision=hp) * scale
         scores = jnp.where(visible[:, :, None], scores.astype(jnp.float32), -jnp.inf)
         probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
         ctx = jnp.einsum("bngk,bnkd->bngd", probs, values, precision=hp)
@@ -124,7 +127,8 @@ class AttentionWithRope(Module):
         quantization_encoding: GGUF encoding of the projection weights (packed), or None.
 
     ``__call__(x, k_cache, v_cache, layer_idx, positions)``:
-        x ``[batch, seq, hidden]``; caches ``[n_layers, batch, n_kv_heads, max_seq, head_dim]``;
+        x ``[batch, seq, hidden]``; k_cache ``[n_layers, batch, n_kv_heads, head_dim, max_seq]``,
+        v_cache ``[n_layers, batch, n_kv_heads, max_seq, head_dim]``;
         layer_idx a scalar int32; positions int32 ``[batch, seq]``. Returns
         ``(out [batch, seq, hidden], k_cache, v_cache)`` with this layer's new entries written.
     """
@@ -166,13 +170,17 @@ class AttentionWithRope(Module):
         q = self.rope(q, positions)
         k = self.rope(k, positions)
 
-        # write this layer's new keys/values at (layer, b, kv head, position)
+        # write this layer's new values at (layer, b, kv head, position) and its keys, one
+        # channel at a time, at (layer, b, kv head, channel, position)
         b_idx = ops.broadcast_to(ops.reshape(ops.range(0, batch, 1, dtype=DType.int32), [batch, 1, 1]), [batch, seq, kv])
         l_idx = ops.broadcast_to(ops.cast(layer_idx, DType.int32), [batch, seq, kv])
         h_idx = ops.broadcast_to(ops.range(0, kv, 1, dtype=DType.int32), [batch, seq, kv])
         p_idx = ops.broadcast_to(ops.unsqueeze(ops.cast(positions, DType.int32), -1), [batch, seq, kv])
         idx = ops.stack([l_idx, b_idx, h_idx, p_idx], axis=-1)  # [batch, seq, kv, 4]
-        k_cache = ops.scatter_nd(k_cache, k, idx)
+        per_channel = [ops.broadcast_to(ops.unsqueeze(i, -1), [batch, seq, kv, d]) for i in (l_idx, b_idx, h_idx, p_idx)]
+        c_idx = ops.broadcast_to(ops.range(0, d, 1, dtype=DType.int32), [batch, seq, kv, d])
+        k_idx = ops.stack([*per_channel[:3], c_idx, per_channel[3]], axis=-1)  # [batch, seq, kv, d, 5]
+        k_cache = ops.scatter_nd(k_cache, k, k_idx)
         v_cache = ops.scatter_nd(v_cache, v, idx)
 
         ctx = ops.apply(

@@ -49,7 +49,8 @@ class Transformer(Module):
     ``set_shared_weight`` and has no key of its own).
 
     ``__call__(tokens, positions, k_cache, v_cache, last_index)``:
-        tokens, positions int32 ``[batch, seq]``; caches ``[n_layers, batch, n_kv, max_seq, head_dim]``;
+        tokens, positions int32 ``[batch, seq]``; k_cache ``[n_layers, batch, n_kv, head_dim, max_seq]``,
+        v_cache ``[n_layers, batch, n_kv, max_seq, head_dim]`` (see :mod:`maxjax.nn.attention`);
         last_index int32 ``[batch]``: which position's logits to return for each row.
         Returns ``(logits float32 [batch, vocab], k_cache, v_cache)``.
     """
