@@ -6,10 +6,11 @@ are stored transposed so that both attention products read the cache as plain ``
 right operands: XLA:CPU's matmul library re-lays a transposed right operand on every call
 (SmolLM2, 2 CPU cores, process-separated alternating runs: batch-16 decode 30-32 -> 29 ms a step,
 batch-1 decode 10.1-11.1 -> 10.2 ms). A layer writes the keys and values of its new tokens at
-their positions (``ops.scatter_nd``, in place under ``jax.jit`` with the cache donated) and attends over the start of the cache rows that holds
-every position of the batch (a window of 64, 128, ... positions chosen at run time) with the mask
-``key_position <= query_position``, so padded prompts of different lengths share one batch:
-positions past a sequence's end hold values nothing attends to until they are overwritten.
+their positions (``ops.scatter_nd``, in place under ``jax.jit`` with the cache donated) and
+attends over the start of the cache rows that holds every position of the batch (a window of 64,
+128, ... positions chosen at run time) with the mask ``key_position <= query_position``, so
+padded prompts of different lengths share one batch: positions past a sequence's end hold values
+nothing attends to until they are overwritten.
 
 References: Vaswani et al., 2017 (attention); Ainslie et al., 2023 (grouped-query attention,
 query head ``h`` uses KV head ``h // (n_heads // n_kv_heads)``, as Hugging Face's
@@ -90,7 +91,8 @@ def _attend(q: Any, k_cache: Any, v_cache: Any, layer: Any, positions: Any, *, w
     kv = k_cache.shape[2]
     g = h // kv
     layer = jnp.asarray(layer, jnp.int32)
-    keys = jax.lax.dynamic_index_in_dim(k_cache, layer, 0, keepdims=False)[..., :window].astype(q.dtype)  # [b, kv, d, window]
+    keys = jax.lax.dynamic_index_in_dim(k_cache, layer, 0, keepdims=False)[..., :window]  # [b, kv, d, window]
+    keys = keys.astype(q.dtype)
     values = jax.lax.dynamic_index_in_dim(v_cache, layer, 0, keepdims=False)[:, :, :window].astype(q.dtype)
     visible = positions.astype(jnp.int32)[:, :, None] >= jnp.arange(window, dtype=jnp.int32)  # [b, s, window]
     hp = jax.lax.Precision.HIGHEST
@@ -170,14 +172,16 @@ class AttentionWithRope(Module):
         q = self.rope(q, positions)
         k = self.rope(k, positions)
 
-        # write this layer's new values at (layer, b, kv head, position) and its keys, one
-        # channel at a time, at (layer, b, kv head, channel, position)
+        # write this layer's new values at (layer, b, kv head, position) and its keys, one channel
+        # at a time, at (layer, b, kv head, channel, position)
         b_idx = ops.broadcast_to(ops.reshape(ops.range(0, batch, 1, dtype=DType.int32), [batch, 1, 1]), [batch, seq, kv])
         l_idx = ops.broadcast_to(ops.cast(layer_idx, DType.int32), [batch, seq, kv])
         h_idx = ops.broadcast_to(ops.range(0, kv, 1, dtype=DType.int32), [batch, seq, kv])
         p_idx = ops.broadcast_to(ops.unsqueeze(ops.cast(positions, DType.int32), -1), [batch, seq, kv])
         idx = ops.stack([l_idx, b_idx, h_idx, p_idx], axis=-1)  # [batch, seq, kv, 4]
-        per_channel = [ops.broadcast_to(ops.unsqueeze(i, -1), [batch, seq, kv, d]) for i in (l_idx, b_idx, h_idx, p_idx)]
+        per_channel = [
+            ops.broadcast_to(ops.unsqueeze(i, -1), [batch, seq, kv, d]) for i in (l_idx, b_idx, h_idx, p_idx)
+        ]
         c_idx = ops.broadcast_to(ops.range(0, d, 1, dtype=DType.int32), [batch, seq, kv, d])
         k_idx = ops.stack([*per_channel[:3], c_idx, per_channel[3]], axis=-1)  # [batch, seq, kv, d, 5]
         k_cache = ops.scatter_nd(k_cache, k, k_idx)
