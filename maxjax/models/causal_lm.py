@@ -102,9 +102,7 @@ class CausalLM:
         quantized_layout: str = "nibbles",
     ):
         self.module, self.config, self.tokenizer, self.dtype, self.source = module, config, tokenizer, dtype, source
-        c = config
-        keys = [c.num_hidden_layers, "batch", c.num_key_value_heads, c.head_dim, "cache_len"]
-        values = [c.num_hidden_layers, "batch", c.num_key_value_heads, "cache_len", c.head_dim]
+        keys, values = self.cache_shapes("batch", "cache_len")
         types = [
             TensorType(DType.int32, ["batch", "seq"]),
             TensorType(DType.int32, ["batch", "seq"]),
@@ -197,12 +195,18 @@ class CausalLM:
         return cls(module, config, Tokenizer.from_pretrained_dir(d), dtype, progress, str(d), quantized_layout)
 
     # -- running ---------------------------------------------------------------------------------
-    def new_cache(self, batch: int, cache_len: int) -> tuple[jax.Array, jax.Array]:
-        """Zero caches: keys ``[n_layers, batch, n_kv_heads, head_dim, cache_len]`` (transposed, see
-        :mod:`maxjax.nn.attention`) and values ``[n_layers, batch, n_kv_heads, cache_len, head_dim]``."""
+    def cache_shapes(self, batch: Any, cache_len: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """Shapes of the caches: keys ``[n_layers, batch, n_kv_heads, head_dim, cache_len]``
+        (transposed, see :mod:`maxjax.nn.attention`) and values ``[n_layers, batch, n_kv_heads,
+        cache_len, head_dim]``; ``batch`` and ``cache_len`` are ints or symbolic dimension names."""
         c = self.config
         keys = (c.num_hidden_layers, batch, c.num_key_value_heads, c.head_dim, cache_len)
         values = (c.num_hidden_layers, batch, c.num_key_value_heads, cache_len, c.head_dim)
+        return keys, values
+
+    def new_cache(self, batch: int, cache_len: int) -> tuple[jax.Array, jax.Array]:
+        """Zero key and value caches of :meth:`cache_shapes`."""
+        keys, values = self.cache_shapes(batch, cache_len)
         return jnp.zeros(keys, self.dtype.to_jax()), jnp.zeros(values, self.dtype.to_jax())
 
     def prefill(self, tokens: np.ndarray, lengths: Sequence[int], k_cache: Any, v_cache: Any, key: Any = None, **sampling: Any) -> tuple[Any, Any, Any, Any]:
