@@ -3,8 +3,9 @@
 1. Dequantization throughput of every encoding under ``jax.jit``, in GB/s of float32 output,
    against the ``gguf`` package's numpy dequantizer (``gguf.quants.dequantize``).
 2. ``x @ dequantize(enc, w).T`` for SmolLM2 shapes (Q4_1, Q8_0) against the same matmul with
-   float32 weights, with int8 weights converted inside the jit, and with the weights repacked at
-   load time (``repack``/``repacked_matmul``); whether XLA fused the dequantizer into the dot
+   float32 weights, with int8 weights converted inside the jit, and with the weights in the
+   packed and unpacked layouts (``PackedArray.matmul``, ``UnpackedArray.matmul``); whether XLA
+   fused the dequantizer into the dot
    (read from the optimized HLO).
 3. A SmolLM2-sized decode pass (30 layers x 7 matrices, batch 1, ``lax.scan`` over stacked
    weights), where the weights no longer fit in the caches.
@@ -34,13 +35,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxjax.graph.quantization import (
-    QuantizationEncoding,
-    dequantize,
-    quantized_matmul,
-    repack,
-    repacked_matmul,
-)
+from maxjax.backend import cpu_vector_features
+from maxjax.graph.quantization import PackedArray, QuantizationEncoding, UnpackedArray, dequantize
+
+
+def quantized_matmul(x, packed, enc):
+    """``x @ dequantize(enc, packed).T`` with the file's blocks (the packed layout)."""
+    return PackedArray(enc, packed).matmul(x)
+
+
+def repack(enc, packed):
+    """The unpacked layout (one byte per value) of GGUF blocks, leading axes kept."""
+    return UnpackedArray.from_packed(enc, packed)
+
+
+def repacked_matmul(x, weight):
+    return weight.matmul(x)
 
 E = QuantizationEncoding
 ENCODINGS = [E.Q4_0, E.Q4_1, E.Q5_0, E.Q5_1, E.Q8_0, E.Q4_K, E.Q5_K, E.Q6_K]
@@ -158,7 +168,7 @@ def bench_decode_pass(layers: int = 30) -> dict:
             mm = lambda h, w: quantized_matmul(h, w, enc)  # noqa: E731
             if kind.endswith("repacked"):
                 pack = mk
-                mk = lambda o, i: jax.vmap(lambda w: repack(enc, w))(pack(o, i))  # noqa: E731
+                mk = lambda o, i: repack(enc, jnp.asarray(pack(o, i)))  # noqa: E731
                 mm = repacked_matmul
         weights = {k: mk(o, i) for k, (o, i) in SMOLLM2_LAYER.items()}
         weights = jax.tree.map(jnp.asarray, weights)
@@ -240,7 +250,9 @@ def main() -> None:
         a.rows = a.cols = 1024
     if a.cols % 256:
         p.error("--cols must be a multiple of 256 (the k-quant block)")
+    cpu = cpu_vector_features()
     info = (f"jax {jax.__version__}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+            f"vector features {' '.join(cpu['vector_features']) or 'unknown'}, "
             f"load average at start {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(f"# {info}")
     print(f"\n## Dequantization of a {a.rows}x{a.cols} tensor ({a.rows * a.cols * 4 / 1e6:.0f} MB of float32)")
@@ -284,7 +296,7 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = "dequantize_quick" if a.quick else "dequantize"
     (RESULTS / f"{stem}.json").write_text(
-        json.dumps(dict(info=info, rows=a.rows, cols=a.cols, dequantize=deq, size_sweep=sweep, matmul=mm,
+        json.dumps(dict(info=info, cpu=cpu, rows=a.rows, cols=a.cols, dequantize=deq, size_sweep=sweep, matmul=mm,
                         decode=decode), indent=1)  # fmt: skip
     )
     plot(deq, mm, decode or {"(skipped)": dict(ms=0.0, weight_mb=0.0)}, RESULTS / f"{stem}.png",

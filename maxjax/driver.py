@@ -2,6 +2,9 @@
 
 - :class:`Device` wraps one ``jax.Device``; :func:`CPU` and :func:`Accelerator` pick one.
 - :class:`Buffer` wraps one ``jax.Array`` (MAX 26.7 renamed ``Tensor`` to ``Buffer``).
+- :func:`to_jax_array` / :func:`to_host_array`: the one conversion of any array-like maxjax accepts
+  (a ``jax.Array`` or tracer, a NumPy array, a Buffer, a ``WeightData`` or ``TensorValue``, a DLPack
+  producer) to a JAX array or a host NumPy array.
 """
 
 from __future__ import annotations
@@ -15,7 +18,11 @@ import numpy as np
 
 from maxjax.dtype import DType
 
-__all__ = ["Device", "CPU", "Accelerator", "accelerator_count", "Buffer", "DLPackArray", "load_devices"]
+__all__ = [
+    "Device", "CPU", "Accelerator", "accelerator_count", "Buffer", "DLPackArray", "jax_device_of", "load_devices",
+    "to_host_array",
+    "to_jax_array",
+]  # fmt: skip
 
 
 class Device:
@@ -109,10 +116,8 @@ def accelerator_count() -> int:
 
 
 def load_devices(device_specs: Iterable[Any]) -> list[Device]:
-    """Devices for a list of ``DeviceRef``s or ``Device``s."""
-    from maxjax.graph.type import DeviceRef
-
-    return [d if isinstance(d, Device) else DeviceRef.from_device(d).to_device() for d in device_specs]
+    """Devices for a list of ``Device``s or ``DeviceRef``s (anything with ``to_device()``)."""
+    return [d if isinstance(d, Device) else Device(jax_device_of(d)) for d in device_specs]
 
 
 class DLPackArray(abc.ABC):
@@ -122,7 +127,9 @@ class DLPackArray(abc.ABC):
     """
 
     @classmethod
-    def __subclasshook__(cls, other: type) -> bool:
+    def __subclasshook__(cls, other: type) -> Any:
+        if cls is not DLPackArray:  # subclasses (WeightData) are checked as ordinary classes
+            return NotImplemented
         return hasattr(other, "__dlpack__") and hasattr(other, "__dlpack_device__")
 
 
@@ -149,7 +156,7 @@ class Buffer:
         else:
             arr = jnp.asarray(np.asarray(dtype_or_array))
         if device is not None:
-            arr = jax.device_put(arr, _jax_device(device))
+            arr = jax.device_put(arr, jax_device_of(device))
         self._array = arr
 
     # -- construction ------------------------------------------------------------------------
@@ -198,14 +205,14 @@ class Buffer:
         """A copy on ``device`` (a :class:`Device` or ``DeviceRef``); ``self`` if already there."""
         if isinstance(device, (list, tuple)):
             return [self.to(d) for d in device]  # type: ignore[return-value]
-        target = _jax_device(device)
+        target = jax_device_of(device)
         if self._array.devices() == {target}:
             return self
         return Buffer(jax.device_put(self._array, target))
 
     def copy(self, device: Any = None) -> "Buffer":
         arr = jnp.array(self._array, copy=True)
-        return Buffer(arr if device is None else jax.device_put(arr, _jax_device(device)))
+        return Buffer(arr if device is None else jax.device_put(arr, jax_device_of(device)))
 
     def view(self, dtype: DType, shape: Sequence[int] | None = None) -> "Buffer":
         """Reinterpret the bytes as ``dtype`` (and reshape to ``shape`` if given)."""
@@ -263,13 +270,53 @@ class Buffer:
         return f"Buffer(shape={list(self.shape)}, dtype={self.dtype!r}, device={self.device!r})"
 
 
-def _jax_device(device: Any) -> jax.Device:
+def jax_device_of(device: Any) -> jax.Device:
+    """The ``jax.Device`` of a :class:`Device`, a ``jax.Device`` or a ``DeviceRef``.
+
+    Raises:
+        TypeError: anything else.
+    """
     if isinstance(device, Device):
         return device.jax_device
     if isinstance(device, jax.Device):
         return device
-    from maxjax.graph.type import DeviceRef
-
-    if isinstance(device, DeviceRef):
-        return device.to_device().jax_device
+    to_device = getattr(device, "to_device", None)  # a DeviceRef
+    if callable(to_device):
+        return to_device().jax_device
     raise TypeError(f"expected a Device or DeviceRef, got {device!r}")
+
+
+def to_jax_array(value: Any, device: Any = None) -> jax.Array:
+    """A ``jax.Array`` (or the tracer itself) from any array-like maxjax accepts.
+
+    Accepts ``jax.Array``s and tracers, NumPy arrays, :class:`Buffer`s, objects with a ``to_jax()``
+    method (``WeightData``, ``TensorValue``), DLPack producers (torch tensors) and nested lists.
+    ``device`` (a ``jax.Device``, ``Sharding``, :class:`Device` or ``DeviceRef``) places the result.
+    64-bit kinds become 32-bit unless ``jax_enable_x64`` is on (JAX's rule).
+    """
+    if device is not None and not isinstance(device, (jax.Device, jax.sharding.Sharding)):
+        device = jax_device_of(device)
+    if isinstance(value, np.ndarray):
+        return jax.device_put(value, device) if device is not None else jnp.asarray(value)
+    if isinstance(value, jax.Array):
+        arr = value
+    elif callable(getattr(value, "to_jax", None)):
+        arr = value.to_jax()
+    elif hasattr(value, "__dlpack__"):
+        arr = jnp.asarray(np.from_dlpack(value))
+    else:
+        arr = jnp.asarray(np.asarray(value))
+    return arr if device is None else jax.device_put(arr, device)
+
+
+def to_host_array(value: Any) -> Any:
+    """A host NumPy array from the same kinds as :func:`to_jax_array` (no copy for NumPy arrays)."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, jax.Array):
+        return np.asarray(value)
+    if callable(getattr(value, "to_numpy", None)):
+        return value.to_numpy()
+    if hasattr(value, "__dlpack__"):
+        return np.from_dlpack(value)
+    return np.asarray(value)

@@ -134,18 +134,22 @@ def test_generate_tokens_from_ids_matches_generate(lm):
         lm.generate_tokens([[1, 49152]], 4)
 
 
-def test_weights_stay_4_bit_by_default_and_unpacked_gives_the_same_tokens(lm, capsys):
+def test_weights_take_the_policy_layout_and_nibbles_stay_4_bit_with_the_same_tokens(lm, capsys):
     import jax
 
-    from maxjax.graph.quantization import NibbleWeight
+    from maxjax.graph.quantization import LAYOUTS, NibbleArray
 
     layers = lm.state["stacked"][0]
-    assert isinstance(layers["self_attn.q_proj.weight"], NibbleWeight)
-    assert isinstance(layers["mlp.down_proj.weight"], NibbleWeight)
+    expected = LAYOUTS[lm.program.policy.quantized_layout]  # the CPU policy's choice for this CPU
+    assert type(layers["self_attn.q_proj.weight"]) is expected
+    assert type(layers["mlp.down_proj.weight"]) is expected
+    nib = load_model(quantized_layout="nibbles")
+    down = nib.state["stacked"][0]["mlp.down_proj.weight"]
+    assert isinstance(down, NibbleArray) and down.shape == (lm.config.num_hidden_layers, 576, 1536)
     # a Q4_1 weight takes exactly its bytes in the file: 20 per block of 32 values
-    q4 = sum(a.nbytes for a in jax.tree.leaves(layers["mlp.down_proj.weight"]))
-    assert q4 == lm.config.num_hidden_layers * 576 * 1536 // 32 * 20
-    assert cli_main(["generate", "--quantized-layout", "unpacked", "--max-new-tokens", "8", "The quick brown fox"]) == 0
+    assert down.nbytes == sum(a.nbytes for a in jax.tree.leaves(down)) == lm.config.num_hidden_layers * 576 * 1536 // 32 * 20
+    other = "unpacked" if lm.program.quantized_layout == "nibbles" else "nibbles"
+    assert cli_main(["generate", "--quantized-layout", other, "--max-new-tokens", "8", "The quick brown fox"]) == 0
     out, _ = capsys.readouterr()
     assert out.startswith(" with a quick brown bear.")
 

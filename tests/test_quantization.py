@@ -22,16 +22,21 @@ from hypothesis import strategies as st
 from maxjax.graph.ops.shape import _gather
 from maxjax.graph.quantization import (
     BlockParameters,
+    DequantizedArray,
+    NibbleArray,
+    PackedArray,
     QuantizationConfig,
     QuantizationEncoding,
-    NibbleWeight,
-    RepackedWeight,
+    QuantizedArray,
+    UnpackedArray,
+    as_quantized,
     dequantize,
-    quantized_matmul,
-    repack,
-    repack_nibbles,
-    repacked_matmul,
+    to_layout,
 )
+
+
+def quantized_matmul(x, packed, encoding):
+    return PackedArray(encoding, packed).matmul(x)
 
 E = QuantizationEncoding
 GGUF_ENCODINGS = [E.Q4_0, E.Q4_1, E.Q5_0, E.Q5_1, E.Q8_0, E.Q4_K, E.Q5_K, E.Q6_K]
@@ -341,7 +346,7 @@ def test_quantization_config():
 
 
 # --------------------------------------------------------------------------------------------
-# quantized_matmul.
+# QuantizedArray.matmul of the packed layout (the kernel behind ops.qmatmul).
 
 
 @pytest.mark.parametrize("encoding", GGUF_ENCODINGS, ids=lambda e: e.value)
@@ -377,7 +382,7 @@ def test_quantized_matmul_real_weights(smollm2):
 
 def test_quantized_matmul_errors():
     packed = np.zeros((4, 36), np.uint8)  # Q4_0, 64 columns
-    with pytest.raises(ValueError, match=r"x has 32 features .* but the Q4_0 weight has 64 columns"):
+    with pytest.raises(ValueError, match=r"x has 32 features .* but PackedArray\(Q4_0, \[4, 64\]\) has 64 columns"):
         quantized_matmul(np.zeros((2, 32), np.float32), packed, E.Q4_0)
     with pytest.raises(ValueError, match="x must be float32, got bfloat16"):
         quantized_matmul(jnp.zeros((2, 64), jnp.bfloat16), packed, E.Q4_0)
@@ -392,7 +397,7 @@ def test_quantized_matmul_errors():
 
 
 # --------------------------------------------------------------------------------------------
-# repack / repacked_matmul.
+# The unpacked layout (one byte per value) and QuantizedArray.matmul.
 
 SIGNED = {E.Q4_0, E.Q5_0, E.Q8_0, E.Q6_K}
 
@@ -402,10 +407,11 @@ SIGNED = {E.Q4_0, E.Q5_0, E.Q8_0, E.Q6_K}
 @given(rows=st.integers(1, 3), blocks=st.integers(1, 2), seed=st.integers(0, 2**32 - 1))
 def test_repack_is_bit_identical(encoding, rows, blocks, seed):
     packed = random_blocks(encoding, rows, blocks, seed)
-    r = repack(encoding, packed)
+    r = UnpackedArray.from_packed(encoding, packed)
     cols = blocks * encoding.elements_per_block
     group = 16 if encoding is E.Q6_K else 32
-    assert isinstance(r, RepackedWeight)
+    assert isinstance(r, UnpackedArray) and isinstance(r, QuantizedArray) and r.layout == "unpacked"
+    assert r.encoding is encoding and r.dtype == np.float32
     assert r.values.shape == (rows, cols) and r.shape == (rows, cols)
     assert r.values.dtype == (jnp.int8 if encoding in SIGNED else jnp.uint8)
     assert r.scale.shape == (rows, cols // group) and r.scale.dtype == jnp.float32 and r.group == group
@@ -419,24 +425,26 @@ def test_repack_is_bit_identical(encoding, rows, blocks, seed):
 def test_repack_real_weights_and_stacked_layers(smollm2):
     names = [f"blk.{i}.attn_k.weight" for i in range(3)]
     stacked = np.stack([np.asarray(_tensor(smollm2, n).data) for n in names])  # [3, 192, 360]
-    r = jax.jit(jax.vmap(lambda w: repack(E.Q4_1, w)))(stacked)
-    assert r.values.shape == (3, 192, 576) and r.scale.shape == (3, 192, 18)
+    r = jax.jit(lambda w: UnpackedArray.from_packed(E.Q4_1, w))(stacked)  # leading (layer) axes kept
+    assert r.values.shape == (3, 192, 576) and r.scale.shape == (3, 192, 18) and r.shape == (3, 192, 576)
     assert len(jax.tree.leaves(r)) == 3
+    v = jax.jit(jax.vmap(lambda w: UnpackedArray.from_packed(E.Q4_1, w)))(stacked)  # and under vmap, the same
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), r, v))
     for i in range(3):
         layer = jax.tree.map(lambda a: a[i], r)
         assert_bitwise_equal(layer.dequantize(), reference(E.Q4_1, stacked[i]))
     emb = np.asarray(_tensor(smollm2, "token_embd.weight").data)[:64]
-    r8 = repack(E.Q8_0, emb)
+    r8 = UnpackedArray.from_packed(E.Q8_0, emb)
     assert r8.offset is None and len(jax.tree.leaves(r8)) == 2
     assert_bitwise_equal(r8.dequantize(), reference(E.Q8_0, emb))
 
 
 def test_repack_abstract():
     spec = jax.ShapeDtypeStruct((7, 2 * 210), jnp.uint8)
-    r = jax.eval_shape(lambda w: repack(E.Q6_K, w), spec)
+    r = jax.eval_shape(lambda w: UnpackedArray.from_packed(E.Q6_K, w), spec)
     assert r.values.shape == (7, 512) and r.values.dtype == jnp.int8 and r.scale.shape == (7, 32)
     with pytest.raises(ValueError, match="multiple of the Q6_K block size"):
-        repack(E.Q6_K, np.zeros((2, 200), np.uint8))
+        UnpackedArray.from_packed(E.Q6_K, np.zeros((2, 200), np.uint8))
 
 
 @pytest.mark.parametrize("encoding", GGUF_ENCODINGS, ids=lambda e: e.value)
@@ -445,26 +453,50 @@ def test_repacked_matmul_matches_dequantize_then_matmul(encoding):
     blocks = 2 if encoding.elements_per_block == 256 else 6
     packed = random_blocks(encoding, 24, blocks, 11)
     x = rng.standard_normal((2, 3, blocks * encoding.elements_per_block)).astype(np.float32)
-    r = repack(encoding, packed)
-    got = jax.jit(repacked_matmul)(x, r)
+    r = UnpackedArray.from_packed(encoding, packed)
+    got = jax.jit(lambda x, r: r.matmul(x))(x, r)
     assert got.shape == (2, 3, 24) and got.dtype == jnp.float32
     expected = x.astype(np.float64) @ reference(encoding, packed).astype(np.float64).T
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
     np.testing.assert_allclose(got, quantized_matmul(x, packed, encoding), rtol=0, atol=1e-5 * np.abs(expected).max())
 
 
-def test_repacked_matmul_errors():
-    r = repack(E.Q4_0, np.zeros((4, 36), np.uint8))
-    with pytest.raises(ValueError, match="x has 32 features .* but the weight has 64 columns"):
-        repacked_matmul(np.zeros((1, 32), np.float32), r)
+def test_unpacked_matmul_errors():
+    r = UnpackedArray.from_packed(E.Q4_0, np.zeros((4, 36), np.uint8))
+    with pytest.raises(ValueError, match=r"x has 32 features .* but UnpackedArray\(Q4_0, \[4, 64\]\) has 64 columns"):
+        r.matmul(np.zeros((1, 32), np.float32))
     with pytest.raises(ValueError, match="x must be float32"):
-        repacked_matmul(np.zeros((1, 64), np.float64), r)
-    with pytest.raises(ValueError, match="expected a RepackedWeight or NibbleWeight, got ndarray"):
-        repacked_matmul(np.zeros((1, 64), np.float32), np.zeros((4, 36), np.uint8))
+        r.matmul(np.zeros((1, 64), np.float64))
+    with pytest.raises(ValueError, match=r"expected a quantized weight \(Q4_0: a QuantizedArray or uint8 GGUF blocks\), got ndarray float32\[4, 64\]"):
+        as_quantized(np.zeros((4, 64), np.float32), E.Q4_0)
+    assert as_quantized(r, E.Q4_0) is r and isinstance(as_quantized(np.zeros((4, 36), np.uint8), E.Q4_0), PackedArray)
+    with pytest.raises(ValueError, match=r"holds no GGUF bytes: .* needs the weight in quantized_layout='packed'"):
+        r.packed_bytes()
+
+
+@pytest.mark.parametrize("encoding", GGUF_ENCODINGS, ids=lambda e: e.value)
+def test_every_layout_is_a_typed_pytree_with_the_logical_shape(encoding):
+    packed = random_blocks(encoding, 4, 2, 5)
+    ref = reference(encoding, packed)
+    cols = 2 * encoding.elements_per_block
+    for name in ("packed", "unpacked", "nibbles", "dequantized"):
+        q = to_layout(name, encoding, jnp.asarray(packed))
+        expected = "unpacked" if name == "nibbles" and encoding not in NIBBLE_SCALE else name
+        assert q.layout == expected and q.shape == (4, cols) and q.ndim == 2 and q.encoding is encoding
+        assert_bitwise_equal(q.dequantize(), ref)
+        leaves, tree = jax.tree.flatten(q)  # a pytree: jit, device_put and scan see its arrays
+        assert all(isinstance(a, jax.Array) for a in leaves)
+        back = jax.tree.unflatten(tree, leaves)
+        assert type(back) is type(q) and back.encoding is encoding
+        assert_bitwise_equal(jax.jit(lambda q: q.dequantize())(q), ref)
+        abstract = q.abstract()  # a graph's value of the weight: ShapeDtypeStruct leaves
+        assert abstract.shape == q.shape and all(isinstance(a, jax.ShapeDtypeStruct) for a in jax.tree.leaves(abstract))
+        assert_bitwise_equal(q.take(np.array([2, 0], np.int32)).dequantize(), ref[[2, 0]])
+    assert DequantizedArray.from_packed(encoding, packed).bytes_per_value == 4.0
 
 
 # --------------------------------------------------------------------------------------------
-# repack_nibbles: 4-bit weights kept at 4 bits.
+# The nibbles layout: 4-bit weights kept at 4 bits.
 
 NIBBLE_SCALE = {E.Q4_0: jnp.float16, E.Q4_1: jnp.float16, E.Q4_K: jnp.float32}
 
@@ -475,9 +507,9 @@ NIBBLE_SCALE = {E.Q4_0: jnp.float16, E.Q4_1: jnp.float16, E.Q4_K: jnp.float32}
 def test_repack_nibbles_is_bit_identical(encoding, pairs, blocks, seed):
     rows = 2 * pairs
     packed = random_blocks(encoding, rows, blocks, seed)
-    r = repack_nibbles(encoding, packed)
+    r = NibbleArray.from_packed(encoding, packed)
     cols = blocks * encoding.elements_per_block
-    assert isinstance(r, NibbleWeight) and r.shape == (rows, cols) and r.group == 32
+    assert isinstance(r, NibbleArray) and r.shape == (rows, cols) and r.layout == "nibbles"
     assert r.values.shape == (rows // 2, cols) and r.values.dtype == jnp.uint8
     assert r.scale.shape == (rows, cols // 32) and r.scale.dtype == NIBBLE_SCALE[encoding]
     if encoding is E.Q4_0:
@@ -485,11 +517,12 @@ def test_repack_nibbles_is_bit_identical(encoding, pairs, blocks, seed):
     else:
         assert r.offset.shape == r.scale.shape and r.offset.dtype == NIBBLE_SCALE[encoding]
     # bytes per weight: Q4_0 and Q4_1 the file's own (0.5625, 0.625); Q4_K 0.75 (float32 scales)
-    nbytes = sum(a.nbytes for a in r if a is not None)
+    nbytes = sum(a.nbytes for a in jax.tree.leaves(r))
+    assert nbytes == r.nbytes
     assert nbytes == packed.nbytes if encoding is not E.Q4_K else nbytes == packed.nbytes * 4 // 3
     assert_bitwise_equal(r.dequantize(), reference(encoding, packed))
     # the nibble layout: byte (i, j) holds row 2i (low nibble) and row 2i + 1 (high nibble)
-    full = repack(encoding, packed)
+    full = UnpackedArray.from_packed(encoding, packed)
     q = np.asarray(full.values).astype(np.int16) + (8 if encoding is E.Q4_0 else 0)
     v = np.asarray(r.values)
     np.testing.assert_array_equal(v & 15, q[0::2])
@@ -497,26 +530,30 @@ def test_repack_nibbles_is_bit_identical(encoding, pairs, blocks, seed):
     # rows looked up one by one (an embedding) come back in the unpacked layout, same values
     idx = np.array([rows - 1, 0, 1], np.int32)
     rows_r = _gather(r, idx, axis=0)
-    assert isinstance(rows_r, RepackedWeight)
+    assert isinstance(rows_r, UnpackedArray)
     assert_bitwise_equal(rows_r.dequantize(), reference(encoding, packed)[idx])
 
 
 def test_repack_nibbles_real_weights_matmul_and_rows(smollm2):
     packed = np.asarray(_tensor(smollm2, "blk.0.ffn_down.weight").data)  # Q4_1 [576, 1536 values]
-    r = jax.jit(lambda w: repack_nibbles(E.Q4_1, w))(packed)
-    assert r.values.shape == (288, 1536) and sum(a.nbytes for a in r) == packed.nbytes
+    r = jax.jit(lambda w: NibbleArray.from_packed(E.Q4_1, w))(packed)
+    assert r.values.shape == (288, 1536) and r.nbytes == packed.nbytes
     assert_bitwise_equal(r.dequantize(), reference(E.Q4_1, packed))
     x = np.random.default_rng(3).standard_normal((5, 1536)).astype(np.float32)
-    np.testing.assert_array_equal(jax.jit(repacked_matmul)(x, r), jax.jit(repacked_matmul)(x, repack(E.Q4_1, packed)))
+    mm = jax.jit(lambda x, r: r.matmul(x))
+    np.testing.assert_array_equal(mm(x, r), mm(x, UnpackedArray.from_packed(E.Q4_1, packed)))
     rows = _gather(r, np.array([3, 0, 575], np.int32), axis=0)  # the op behind ops.gather (an embedding lookup)
     assert_bitwise_equal(rows.dequantize(), reference(E.Q4_1, packed)[[3, 0, 575]])
-    stacked = jax.jit(jax.vmap(lambda w: repack_nibbles(E.Q4_1, w)))(np.stack([packed, packed]))
+    stacked = jax.jit(lambda w: NibbleArray.from_packed(E.Q4_1, w))(np.stack([packed, packed]))
     assert stacked.shape == (2, 576, 1536) and stacked.values.shape == (2, 288, 1536)
     assert_bitwise_equal(stacked.dequantize()[1], reference(E.Q4_1, packed))
 
 
-def test_repack_nibbles_errors():
+def test_nibbles_errors():
     with pytest.raises(ValueError, match="Q8_0 does not have 4-bit values"):
-        repack_nibbles(E.Q8_0, np.zeros((2, 34), np.uint8))
+        NibbleArray.from_packed(E.Q8_0, np.zeros((2, 34), np.uint8))
     with pytest.raises(ValueError, match="3 rows; rows are packed in pairs, so an even number is needed"):
-        repack_nibbles(E.Q4_1, np.zeros((3, 20), np.uint8))
+        NibbleArray.from_packed(E.Q4_1, np.zeros((3, 20), np.uint8))
+    assert to_layout("nibbles", E.Q4_1, jnp.zeros((3, 20), jnp.uint8)).layout == "unpacked"  # odd rows: the fallback
+    with pytest.raises(ValueError, match="unknown quantized layout 'fast'"):
+        to_layout("fast", E.Q4_1, jnp.zeros((2, 20), jnp.uint8))

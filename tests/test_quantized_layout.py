@@ -1,4 +1,5 @@
-"""Program's quantized weight layouts: "nibbles" and "unpacked" give the same numbers as the file's packed blocks."""
+"""Program's quantized weight layouts: every layout gives the same numbers as the file's packed blocks;
+the backend policy chooses the layout; ops that read raw bytes keep a weight packed."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ from maxjax import nn
 from maxjax.dtype import DType
 from maxjax.engine import Program
 from maxjax.graph import DeviceRef, Graph, TensorType, ops
-from maxjax.graph.quantization import QuantizationEncoding, RepackedWeight
+from maxjax.backend import cpu_policy, policy_for
+from maxjax.graph.quantization import (
+    DequantizedArray,
+    NibbleArray,
+    PackedArray,
+    QuantizationEncoding,
+    UnpackedArray,
+    dequantize,
+)
 
 RNG = np.random.default_rng(7)
 
@@ -43,11 +52,12 @@ def test_unpacked_layout_matches_packed(enc, qtype):
     for layout in ("packed", "nibbles", "unpacked", "dequantized"):
         prog = Program(g, quantized_layout=layout)
         state = prog.prepare(m.state_dict())
-        kinds = {k: (type(v).__name__, str(getattr(v, "dtype", ""))) for k, v in state["weights"].items()}
-        expected = {"packed": ("ArrayImpl", "uint8"), "unpacked": ("RepackedWeight", ""), "dequantized": ("ArrayImpl", "float32")}
-        expected["nibbles"] = expected["unpacked"]  # Q8_0 (the embedding) has 8-bit values
-        proj = ("NibbleWeight", "") if layout == "nibbles" and enc is QuantizationEncoding.Q4_0 else expected[layout]
+        kinds = {k: type(v) for k, v in state["weights"].items()}
+        expected = {"packed": PackedArray, "unpacked": UnpackedArray, "dequantized": DequantizedArray}
+        expected["nibbles"] = UnpackedArray  # Q8_0 (the embedding) has 8-bit values: no nibbles
+        proj = NibbleArray if layout == "nibbles" and enc is QuantizationEncoding.Q4_0 else expected[layout]
         assert kinds == {"embed.weight": expected[layout], "proj.weight": proj}
+        assert state["weights"]["proj.weight"].shape == (64, 64)  # the logical shape, in every layout
         outs[layout] = np.asarray(jax.jit(prog.apply)(state, ids)[0])
     np.testing.assert_array_equal(outs["nibbles"], outs["unpacked"])
     np.testing.assert_allclose(outs["unpacked"], outs["packed"], rtol=1e-5, atol=1e-5)
@@ -67,38 +77,59 @@ def test_weights_used_as_bytes_stay_packed():
     m = Bytes()
     m.load_state_dict({"proj.weight": _quantized(8, 64, gguf.GGMLQuantizationType.Q8_0)})
     g = Graph("b", forward=m, input_types=[TensorType(DType.float32, [1, 64], DeviceRef.CPU())])
-    state = Program(g, quantized_layout="unpacked").prepare(m.state_dict())
-    assert not isinstance(state["weights"]["proj.weight"], RepackedWeight)
-    with pytest.raises(ValueError, match="quantized_layout must be 'packed', 'nibbles', 'unpacked' or 'dequantized'"):
+    assert g._packed_only == {"proj.weight"}  # recorded when the cast read the bytes: no graph walk
+    prog = Program(g, quantized_layout="unpacked")
+    state = prog.prepare(m.state_dict())
+    assert isinstance(state["weights"]["proj.weight"], PackedArray)
+    x = RNG.standard_normal((1, 64)).astype(np.float32)
+    y, raw = jax.jit(prog.apply)(state, x)
+    np.testing.assert_array_equal(np.asarray(raw), m.state_dict()["proj.weight"].astype(np.float32))
+    with pytest.raises(ValueError, match="quantized_layout must be one of 'packed', 'unpacked', 'nibbles', 'dequantized' or None"):
         Program(g, quantized_layout="fast")
 
 
-def test_repacked_matmul_of_a_large_weight_in_row_blocks_matches():
-    from maxjax.graph.quantization import dequantize, repack, repacked_matmul
+def test_the_policy_picks_the_layout_from_the_cpu_features():
+    assert cpu_policy(frozenset({"avx2", "avx512f"})).quantized_layout == "nibbles"
+    assert cpu_policy(frozenset({"avx2", "fma"})).quantized_layout == "unpacked"
+    assert cpu_policy(frozenset({"avx2"})).compiler_options(np.float32) == {"xla_cpu_use_xnnpack": False}
+    wide = cpu_policy(frozenset({"avx512f"}))
+    assert wide.compiler_options(np.float32)["xla_cpu_prefer_vector_width"] == 512
+    assert "xla_cpu_prefer_vector_width" not in wide.compiler_options(jax.numpy.bfloat16)
+    gpu = policy_for("gpu")
+    assert gpu.precision is None and gpu.compiler_options(np.float32) is None and gpu.quantized_layout == "unpacked"
+    assert gpu.weight_left_max_rows == 0 and gpu.dequant_row_chunk == 0 and gpu.attention_grouped(16, 128, 3)
+    m = TinyLM(QuantizationEncoding.Q4_0)
+    m.raw_state_dict()  # full names
+    g = Graph("tiny", forward=m, input_types=[TensorType(DType.int32, ["batch", 3], DeviceRef.CPU())])
+    assert Program(g).quantized_layout == policy_for(None).quantized_layout
+    assert Program(g, policy=cpu_policy(frozenset({"avx512f"}))).quantized_layout == "nibbles"
 
+
+def test_matmul_of_a_large_weight_in_row_blocks_matches():
     packed = _quantized(8192 + 4096, 64, gguf.GGMLQuantizationType.Q8_0)  # three 4096-row blocks
-    r = repack(QuantizationEncoding.Q8_0, jax.numpy.asarray(packed))
+    r = UnpackedArray.from_packed(QuantizationEncoding.Q8_0, jax.numpy.asarray(packed))
+    assert policy_for("cpu").row_chunks(12288, 6) == 3 and policy_for("cpu").row_chunks(12288, 1) == 1
     w = np.asarray(dequantize(QuantizationEncoding.Q8_0, jax.numpy.asarray(packed)), np.float64)
     x = RNG.standard_normal((2, 3, 64)).astype(np.float32)
-    out = np.asarray(jax.jit(repacked_matmul)(x, r))
-    assert out.shape == (2, 3, 12288)
-    np.testing.assert_allclose(out, x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-4)
+    for policy in (policy_for("cpu"), policy_for("gpu")):  # in row blocks, and whole
+        out = np.asarray(jax.jit(lambda x, r: r.matmul(x, policy))(x, r))
+        assert out.shape == (2, 3, 12288)
+        np.testing.assert_allclose(out, x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("lead", [(1,), (2,), (4, 4), (17,), (2, 64)])
-def test_matmul_transposed_on_either_side_of_the_swapped_range(lead):
+def test_matmul_t_on_either_side_of_the_weight_left_range(lead):
     """1 row and more than 16 rows: x @ w.T; 2 to 16 rows: (w @ x.T).T. Same numbers, same gradient."""
-    from maxjax.graph.quantization import SWAPPED_MAX_ROWS, matmul_transposed, repack_nibbles, repacked_matmul
-
-    assert SWAPPED_MAX_ROWS == 16
+    cpu = policy_for("cpu")
+    assert cpu.weight_left_max_rows == 16
     packed = _quantized(96, 64, gguf.GGMLQuantizationType.Q4_1)
-    nib = repack_nibbles(QuantizationEncoding.Q4_1, jax.numpy.asarray(packed))
+    nib = NibbleArray.from_packed(QuantizationEncoding.Q4_1, jax.numpy.asarray(packed))
     w = np.asarray(nib.dequantize())
     x = RNG.standard_normal((*lead, 64)).astype(np.float32)
     expected = x.astype(np.float64) @ w.astype(np.float64).T
-    for f, weight in ((matmul_transposed, w), (repacked_matmul, nib)):
+    for f, weight in ((cpu.matmul_t, w), (lambda x, q: q.matmul(x, cpu), nib)):
         out = np.asarray(jax.jit(f)(x, weight))
         assert out.shape == (*lead, 96)
         np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
-    grad = jax.grad(lambda x: (matmul_transposed(x, w) ** 2).sum())(x)
+    grad = jax.grad(lambda x: (cpu.matmul_t(x, w) ** 2).sum())(x)
     np.testing.assert_allclose(np.asarray(grad), 2 * expected @ w.astype(np.float64), rtol=1e-4, atol=1e-4)

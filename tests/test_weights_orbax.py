@@ -114,8 +114,8 @@ def test_orbax_weights_source_keeps_encodings_and_loads_into_a_module(tmp_path):
     assert weights.down.weight.data().dtype is DType.bfloat16
     dst = Net(enc=QuantizationEncoding.Q4_0)
     dst.load_state_dict({n: v.data() for n, v in weights.items()})
-    for fqn, arr in nn.state(dst).items():
-        np.testing.assert_array_equal(np.asarray(arr), values[fqn])
+    for fqn, arr in nn.state(dst).items():  # the quantized weight as a PackedArray of the same bytes
+        np.testing.assert_array_equal(np.asarray(arr.packed_bytes() if fqn == "q.weight" else arr), values[fqn])
     every = weights.restore_all()
     assert set(every) == set(values) and every["q.weight"].quantization_encoding is QuantizationEncoding.Q4_0
     w = weights.up.bias.allocate(DType.float32, (16,))

@@ -7,11 +7,12 @@ nodes in order inside ``jax.jit`` (see :mod:`maxjax.engine`); nothing is hand-lo
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import difflib
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -19,17 +20,31 @@ from maxjax.dtype import DType
 from maxjax.graph.type import DeviceRef, Dim, Shape, StaticDim, SymbolicDim, TensorType
 from maxjax.graph.value import TensorValue
 
-__all__ = ["Graph", "Node"]
+__all__ = ["Graph", "Node", "as_tensor_type", "current_graph", "layer_scope"]
 
 
-#: Names of the layers whose ``__call__`` is running (set by ``maxjax.nn.Layer``).
-MODULE_SCOPE: contextvars.ContextVar[str] = contextvars.ContextVar("maxjax_module_scope", default="")
+# Names of the layers whose ``__call__`` is running, recorded on graph nodes (see layer_scope).
+_LAYER_SCOPE: contextvars.ContextVar[str] = contextvars.ContextVar("maxjax_layer_scope", default="")
+
+
+@contextlib.contextmanager
+def layer_scope(name: str) -> Iterator[None]:
+    """Nodes recorded in the block remember the layer path (``"Transformer/Linear"``): the compiled
+    program names its ops after it (``jax.named_scope``). ``maxjax.nn`` enters one per layer call."""
+    outer = _LAYER_SCOPE.get()
+    token = _LAYER_SCOPE.set(f"{outer}/{name}" if outer else name)
+    try:
+        yield
+    finally:
+        _LAYER_SCOPE.reset(token)
 
 
 class Node:
     """One recorded operation. ``kind`` is ``input``, ``weight``, ``const``, ``op`` or ``call``."""
 
-    __slots__ = ("id", "kind", "op", "fn", "args", "static", "out_avals", "treedef", "device", "extra", "scope")
+    __slots__ = (
+        "id", "kind", "op", "fn", "args", "static", "out_avals", "treedef", "device", "extra", "scope", "qsource",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -56,7 +71,10 @@ class Node:
         self.extra = extra
         #: the layers being called when the node was recorded (e.g. "Transformer/Linear"); the
         #: graph's compiled program names its ops with it (``jax.named_scope``)
-        self.scope = MODULE_SCOPE.get()
+        self.scope = _LAYER_SCOPE.get()
+        #: for an op whose output is a quantized tensor (rows taken from a quantized weight): the
+        #: key of that weight, so an op that needs its raw bytes can pin it to the packed layout
+        self.qsource: str | None = None
 
     def label(self, index: int = 0) -> str:
         if self.kind == "input":
@@ -111,7 +129,13 @@ def current_graph() -> "Graph | None":
     return _STACK.stack[-1] if _STACK.stack else None
 
 
-def _to_type(t: Any) -> TensorType:
+def as_tensor_type(t: Any) -> TensorType:
+    """A :class:`TensorType` from itself, a TensorValue (its type) or anything with ``shape`` and
+    ``dtype`` (a ``jax.ShapeDtypeStruct``, an array).
+
+    Raises:
+        TypeError: anything else.
+    """
     if isinstance(t, TensorType):
         return t
     if isinstance(t, TensorValue):
@@ -133,10 +157,18 @@ class Graph:
 
     Args:
         name: the graph's name.
-        forward: if given, called at once with the graph's inputs; its return value is the output.
+        forward: if given, called at once as ``forward(*graph.inputs, *args, **kwargs)``; its
+            return value is the output.
         input_types: one :class:`TensorType` per input (symbolic dims allowed).
+        strict_device_placement: MAX's policy for ops that silently move a tensor to the CPU;
+            maxjax has no such ops, so every policy is met.
+        is_device_graph: MAX marks graphs that run on a device only; accepted and recorded.
 
     ``Graph.current`` is the innermost graph being built (``LookupError`` when there is none).
+
+    Raises:
+        NotImplementedError: ``path`` (MLIR files), ``custom_extensions``, ``kernel_library`` or
+            ``module``: Mojo kernels and MLIR modules cannot run on JAX.
     """
 
     current = _CurrentGraph()
@@ -151,19 +183,29 @@ class Graph:
         custom_extensions: Iterable[Any] = (),
         kernel_library: Any = None,
         module: Any = None,
+        strict_device_placement: Any = None,
+        is_device_graph: bool = False,
+        _parent: "Graph | None" = None,
+        _weight_prefix: str | None = None,
         **kwargs: Any,
     ):
         if path is not None:
             raise NotImplementedError("Graph(path=...) loads MLIR in MAX; maxjax graphs are built in Python")
+        for arg, value in (("custom_extensions", list(custom_extensions or ())), ("kernel_library", kernel_library), ("module", module)):
+            if value:
+                raise NotImplementedError(f"Graph({arg}=...): Mojo kernels and MLIR modules cannot run on JAX")
         self.name = name
-        self._input_types = [_to_type(t) for t in input_types]
+        self.is_device_graph = bool(is_device_graph)
+        self._input_types = [as_tensor_type(t) for t in input_types]
         self._nodes: list[Node] = []
         self._weights: dict[str, _GraphWeight] = {}
         self._weight_objects: dict[int, TensorValue] = {}
         self._outputs: list[TensorValue] | None = None
-        self._parent: Graph | None = kwargs.pop("_parent", None)
-        self._weight_prefix: str | None = kwargs.pop("_weight_prefix", None)
+        self._parent: Graph | None = _parent
+        self._weight_prefix: str | None = _weight_prefix
         self._subgraphs: dict[str, Graph] = {}
+        #: keys of quantized weights an op reads as raw GGUF bytes (they stay in the packed layout)
+        self._packed_only: set[str] = set()
         self._weights_view: Any = None
         self._jitted: Any = None
         self._trace_count = 0
@@ -177,9 +219,11 @@ class Graph:
             )
             for i, t in enumerate(self._input_types)
         )
+        if forward is None and (args or kwargs):
+            raise TypeError(f"Graph {name!r}: extra arguments {args or ''}{kwargs or ''} are passed to forward, but there is none")
         if forward is not None:
             with self:
-                result = forward(*self.inputs)
+                result = forward(*self.inputs, *args, **kwargs)
             if result is None:
                 self.output()
             elif isinstance(result, (list, tuple)):
@@ -264,16 +308,23 @@ class Graph:
         path: Any = None,
         custom_extensions: Iterable[Any] = (),
         devices: Iterable[DeviceRef] = (),
-        **kwargs: Any,
+        is_device_graph: bool = False,
+        *,
+        _weight_prefix: str | None = None,
     ) -> "Graph":
         """A child graph, callable from this one with ``ops.call`` (use it as a context manager).
+
+        ``devices`` (MAX's device chains) has no counterpart in JAX: values carry their devices.
 
         Raises:
             ValueError: a subgraph with this name already exists in this graph.
         """
         if name in self._subgraphs:
             raise ValueError(f"Subgraph {name!r} already exists in Graph {self.name!r}")
-        sub = Graph(name, forward=forward, input_types=input_types, path=path, _parent=self, **kwargs)
+        sub = Graph(
+            name, forward=forward, input_types=input_types, path=path, custom_extensions=custom_extensions,
+            is_device_graph=is_device_graph, _parent=self, _weight_prefix=_weight_prefix,
+        )  # fmt: skip
         self._subgraphs[name] = sub
         return sub
 
@@ -366,14 +417,6 @@ class Graph:
                         f"{d.evaluate(env)}, got {n}"
                     )
         return env
-
-    def _evaluate(self, weights: dict[str, Any], args: Sequence[Any]) -> list[Any]:
-        """Evaluates the graph on arrays (or tracers), call by call. ``weights`` maps this graph's
-        weight keys. (:func:`maxjax.graph.scan.evaluate` is the evaluator; this runs it with no
-        chains lowered to scans.)"""
-        from maxjax.graph.scan import evaluate
-
-        return evaluate(self, (), weights, (), args)
 
     # -- printing ----------------------------------------------------------------------------
     def __str__(self) -> str:

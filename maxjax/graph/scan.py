@@ -180,6 +180,7 @@ def run_chain(
     first_args: Sequence[Any],
     xs_args: Sequence[Sequence[Any]],
     remat: bool = False,
+    policy: Any = None,
 ) -> tuple[list[Any], list[Any]]:
     """Runs the chain as one scan; returns (final outputs of the last call, ys stacked per output).
 
@@ -203,7 +204,7 @@ def run_chain(
         for j, v in zip(xs_pos, xs_vals):
             args[j] = v
         sub._trace_count += 1
-        outs = sub._evaluate({**shared, **w_slice}, args)
+        outs = evaluate(sub, (), {**shared, **w_slice}, (), args, policy=policy)
         return tuple(outs[chain.carry[j]] for j in carry_pos), tuple(outs[k] for k in ys_pos)
 
     if remat:
@@ -227,14 +228,20 @@ def evaluate(
     stacked: Sequence[Mapping[str, Any]],
     args: Sequence[Any],
     remat: bool = False,
+    policy: Any = None,
 ) -> list[Any]:
-    """Evaluates ``graph`` like ``Graph._evaluate``, running each chain as one scan.
+    """Evaluates ``graph`` on arrays or tracers, running each chain as one scan.
 
     ``weights`` holds the arrays of every registry name used outside the chains (and the shared
     weights of the chains); ``stacked[c]`` the stacked placeholder weights of chain ``c``.
+    ``policy`` is the :class:`~maxjax.backend.BackendPolicy` given to ops that use one (default:
+    JAX's default backend's).
     """
-    from maxjax.graph.ops._core import concretize
+    from maxjax.backend import policy_for
+    from maxjax.graph.ops._core import concretize, is_quantized
 
+    policy = policy_for(policy)
+    with_policy = {"policy": policy}
     if graph._outputs is None:
         raise ValueError(f"Graph {graph.name!r} has no output yet: call graph.output(...)")
     env = graph.bind_dims([a.shape for a in args])
@@ -258,7 +265,7 @@ def evaluate(
             shared = {k: weights[caller_key(k)[0]] for k in chain_shared_keys(chain)}
             first_args = [arg(a) for a in chain.nodes[0].args]
             xs_args = [[arg(n.args[j]) for j in chain.xs_positions] for n in chain.nodes]
-            last_out, ys = run_chain(chain, stacked[c], shared, first_args, xs_args, remat)
+            last_out, ys = run_chain(chain, stacked[c], shared, first_args, xs_args, remat, policy)
             ys_pos = chain.ys_positions
             for i2, n in enumerate(chain.nodes[:-1]):
                 out = [None] * len(n.out_avals)
@@ -269,9 +276,12 @@ def evaluate(
             continue
         if kind == "op":
             a = [arg(x) for x in node.args]
+            kw = concretize(node.static, env) if node.static else {}
+            if getattr(node.fn, "uses_policy", False):
+                kw = {**kw, **with_policy}
             with jax.named_scope(node.scope or node.op):
-                out = node.fn(*a, **concretize(node.static, env)) if node.static else node.fn(*a)
-            vals[node.id] = jax.tree.leaves(out) if node.treedef is not None else [out]
+                out = node.fn(*a, **kw)
+            vals[node.id] = jax.tree.leaves(out, is_leaf=is_quantized) if node.treedef is not None else [out]
         elif kind == "input":
             vals[node.id] = [args[node.extra]]
         elif kind == "weight":
@@ -279,7 +289,7 @@ def evaluate(
         elif kind == "const":
             vals[node.id] = [node.extra]
         elif kind == "call":
-            vals[node.id] = node.extra.run(weights, [arg(x) for x in node.args])
+            vals[node.id] = node.extra.run(weights, [arg(x) for x in node.args], policy)
         else:  # pragma: no cover
             raise AssertionError(kind)
     return [arg(o) for o in graph._outputs]

@@ -71,7 +71,9 @@ class TensorValue(Value):
         self._graph = None
         self._node = None
         self._index = 0
-        self._array = value if isinstance(value, jax.Array) else jax.numpy.asarray(value)
+        from maxjax.graph.quantization import QuantizedArray
+
+        self._array = value if isinstance(value, (jax.Array, QuantizedArray)) else jax.numpy.asarray(value)
 
     @classmethod
     def _from_node(cls, graph: "Graph", node: "Node", index: int = 0) -> "TensorValue":
@@ -139,6 +141,12 @@ class TensorValue(Value):
     @property
     def type(self) -> TensorType:
         return TensorType(self.dtype, self.shape, self.device)
+
+    @property
+    def quantization_encoding(self) -> Any:
+        """The encoding of a quantized tensor (a quantized weight, or rows taken from one), else
+        None. A quantized tensor's ``shape`` and ``dtype`` are the logical float ones."""
+        return getattr(self._aval, "encoding", None)
 
     @property
     def graph(self) -> "Graph | None":

@@ -5,73 +5,35 @@ alignment and sharding. It becomes a value only when it is bound, looked up in t
 
 1. in graph mode (a graph is being built), to a graph input fed from the weights registry
    (``Graph.add_weight``);
-2. in functional mode, to an array of the state pytree passed to ``functional_call`` (a binding);
+2. in functional mode, to an array of the state pytree passed to ``functional_call`` (see
+   :mod:`maxjax.graph.binding`);
 3. in eager mode, to the value ``Module.load_state_dict`` stored on it.
 
-Using a Weight never mutates it: graph values are kept by the graph, bindings by the call.
+Using a weight in ops never changes it. As in MAX, ``Module.state_dict()``, ``raw_state_dict()``
+and ``load_state_dict()`` give a module's Weights their fully-qualified names (``name`` is a plain
+attribute).
+
+A weight with a GGUF ``quantization_encoding`` is declared as MAX declares it (``DType.uint8``,
+the packed ``[rows, bytes_per_row]`` shape: that is what its registry value holds), and its graph
+value is a quantized tensor of the logical float shape (``original_dtype_and_shape``), carried as
+a :class:`~maxjax.graph.quantization.QuantizedArray`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from dataclasses import dataclass
-from functools import cached_property
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from maxjax.driver import to_jax_array
 from maxjax.dtype import DType
+from maxjax.graph.binding import current_binding
 from maxjax.graph.type import DeviceRef, Shape, ShapeLike
 from maxjax.graph.value import TensorValue
 
-__all__ = ["Weight", "ShardingStrategy", "bind_weights", "to_jax_array"]
-
-# id(Weight) -> array/tracer, set by functional calls.
-_BINDINGS: contextvars.ContextVar[Mapping[int, Any] | None] = contextvars.ContextVar("maxjax_bindings", default=None)
-
-
-@contextlib.contextmanager
-def bind_weights(values: Mapping["Weight", Any] | Mapping[int, Any]) -> Iterator[None]:
-    """Binds Weights to arrays for the duration of the block (functional mode).
-
-    ``values`` maps Weight objects (or their ``id``) to arrays or tracers. Bindings nest: an inner
-    block sees the outer bindings too. Nothing is stored on the Weights.
-    """
-    outer = _BINDINGS.get()
-    new = {(k if isinstance(k, int) else id(k)): v for k, v in values.items()}
-    merged = {**outer, **new} if outer else new
-    token = _BINDINGS.set(merged)
-    try:
-        yield
-    finally:
-        _BINDINGS.reset(token)
-
-
-def current_bindings() -> Mapping[int, Any] | None:
-    return _BINDINGS.get()
-
-
-def to_jax_array(value: Any, device: Any = None) -> jax.Array:
-    """A ``jax.Array`` from a state-dict value: jax/NumPy arrays, Buffers, WeightData, DLPack."""
-    from maxjax.driver import Buffer
-
-    if isinstance(value, jax.Array):
-        return value if device is None else jax.device_put(value, device)
-    if isinstance(value, np.ndarray):
-        return jax.device_put(value, device) if device is not None else jnp.asarray(value)
-    if type(value).__name__ == "WeightData":
-        return to_jax_array(value.data, device)
-    if isinstance(value, Buffer):
-        return to_jax_array(value.to_jax(), device)
-    if isinstance(value, TensorValue):
-        return to_jax_array(value.to_jax(), device)
-    if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):
-        value = np.from_dlpack(value)
-    arr = np.asarray(value)
-    return jax.device_put(arr, device) if device is not None else jnp.asarray(arr)
+__all__ = ["Weight", "ShardingStrategy"]
 
 
 class Weight(TensorValue):
@@ -100,8 +62,6 @@ class Weight(TensorValue):
         "_sharding_strategy",
         "shard_idx",
         "_shard_parent",
-        "_placeholder",
-        "_has_alias",
         "_data",
         "_array_cache",
         "sharding",
@@ -117,8 +77,6 @@ class Weight(TensorValue):
         quantization_encoding: Any = None,
         align: int | None = None,
         sharding_strategy: "ShardingStrategy | None" = None,
-        _placeholder: bool = False,
-        _has_alias: bool = False,
     ):
         if not isinstance(name, str) or not name:
             raise ValueError(f"Weight name must be a non-empty string, got {name!r}")
@@ -133,8 +91,6 @@ class Weight(TensorValue):
         self._sharding_strategy = sharding_strategy
         self.shard_idx: int | None = None
         self._shard_parent: Weight | None = None
-        self._placeholder = _placeholder
-        self._has_alias = _has_alias
         self._data: Any = None
         self._array_cache: Any = None
         #: A ``jax.sharding.Sharding`` (e.g. a ``NamedSharding`` over a mesh) for the value, or None.
@@ -170,16 +126,32 @@ class Weight(TensorValue):
 
     @property
     def _aval(self) -> Any:
-        return jax.ShapeDtypeStruct(self._shape.to_exprs(), self._dtype.to_jax())
+        """The abstract graph value: a ``ShapeDtypeStruct``, or for a GGUF-quantized weight an
+        abstract :class:`~maxjax.graph.quantization.PackedArray` (logical shape, encoding).
 
-    @cached_property
-    def original_dtype_and_shape(self) -> tuple[DType, Shape]:
-        """The dtype and shape before quantization packing (the logical float tensor)."""
+        Raises:
+            ValueError: a quantized weight whose declared shape is not whole GGUF blocks.
+        """
+        sds = jax.ShapeDtypeStruct(self._shape.to_exprs(), self._dtype.to_jax())
+        if self._is_gguf_quantized():
+            from maxjax.graph.quantization import PackedArray
+
+            try:
+                return PackedArray(self.quantization_encoding, sds)
+            except ValueError as e:
+                raise ValueError(f"Weight {self.name!r}: {e}") from None
+        return sds
+
+    def _is_gguf_quantized(self) -> bool:
         enc = self.quantization_encoding
-        if enc is not None and self._shape.rank >= 1 and enc.is_gguf:
-            bp = enc.block_parameters
-            cols = int(self._shape[-1]) // bp.block_size * bp.elements_per_block
-            return DType.float32, Shape([*self._shape[:-1], cols])
+        return enc is not None and getattr(enc, "is_gguf", False)
+
+    @property
+    def original_dtype_and_shape(self) -> tuple[DType, Shape]:
+        """The dtype and shape before quantization packing: for a GGUF-quantized weight the
+        logical float32 tensor, otherwise the weight's own dtype and shape."""
+        if self._is_gguf_quantized():
+            return DType.float32, Shape(self._aval.shape)
         return self._dtype, self._shape
 
     @property
@@ -251,12 +223,12 @@ class Weight(TensorValue):
             graph = current_graph()
         if graph is not None:
             return graph.add_weight(self)
-        bindings = _BINDINGS.get()
-        if bindings is not None:
-            v = bindings.get(id(self))
+        binding = current_binding()
+        if binding is not None:
+            v = binding.value_of(self)
             if v is not None:
-                return v
-        arr = self._eager_array()
+                return self.as_value(v)
+        arr = self.array()
         if arr is None:
             raise ValueError(
                 f"Cannot operate on Weight {self.name!r} ({self._dtype.name}{list(self._shape)}): there is no "
@@ -267,7 +239,10 @@ class Weight(TensorValue):
             )
         return arr
 
-    def _eager_array(self) -> Any:
+    def array(self) -> Any:
+        """The loaded value on this weight's sharding or device (a ``jax.Array``; a
+        :class:`~maxjax.graph.quantization.PackedArray` for a GGUF-quantized weight), or None when
+        nothing is loaded. Placed once and cached until the value or device changes."""
         if self._array_cache is None and self._data is not None:
             target = self.sharding
             if target is None and self._device is not None:
@@ -275,10 +250,31 @@ class Weight(TensorValue):
                     target = self._device.jax_device()
                 except ValueError:
                     target = None
-            self._array_cache = to_jax_array(self._data, target)
+            self._array_cache = self.as_value(self._data, target)
         return self._array_cache
 
-    def _set_value(self, value: Any) -> None:
+    def as_value(self, value: Any, device: Any = None) -> Any:
+        """``value`` (a state-dict value, array or tracer) as this weight's runtime value: a JAX
+        array, or for a GGUF-quantized weight a :class:`~maxjax.graph.quantization.QuantizedArray`
+        (raw GGUF bytes are wrapped as a ``PackedArray``)."""
+        from maxjax.graph.quantization import QuantizedArray, as_quantized
+
+        if isinstance(value, QuantizedArray):
+            return value if device is None else jax.device_put(value, device)
+        arr = value if isinstance(value, jax.Array) and device is None else to_jax_array(value, device)
+        return as_quantized(arr, self.quantization_encoding) if self._is_gguf_quantized() else arr
+
+    def retype(self, quantization_encoding: Any, dtype: DType, shape: ShapeLike) -> None:
+        """Takes another encoding, dtype and shape (``load_state_dict(...,
+        override_quantization_encoding=True)`` takes a value's); drops the cached value."""
+        self.quantization_encoding = quantization_encoding
+        self._dtype = DType.of(dtype)
+        self._shape = Shape(shape)
+        self._array_cache = None
+
+    def set_value(self, value: Any) -> None:
+        """Stores ``value`` as this weight's eager value (no checks: ``Module.load_state_dict``
+        validates values before it calls this)."""
         self._data = value
         self._array_cache = None
 

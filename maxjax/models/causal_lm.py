@@ -99,7 +99,8 @@ class CausalLM:
         dtype: DType = DType.float32,
         progress: bool = False,
         source: str = "",
-        quantized_layout: str = "nibbles",
+        quantized_layout: str | None = None,
+        policy: Any = None,
     ):
         self.module, self.config, self.tokenizer, self.dtype, self.source = module, config, tokenizer, dtype, source
         keys, values = self.cache_shapes("batch", "cache_len")
@@ -111,7 +112,7 @@ class CausalLM:
             TensorType(DType.int32, ["batch"]),
         ]
         self.graph = Graph("causal_lm", forward=module, input_types=types)
-        self.program = Program(self.graph, quantized_layout=quantized_layout)
+        self.program = Program(self.graph, quantized_layout=quantized_layout, policy=policy)
         bar = _progress_bar(len(self.graph._weights), "loading weights") if progress else None
         try:
             self.state = self.program.prepare(module.state_dict(), progress=(lambda name: bar.update(1)) if bar else None)
@@ -128,25 +129,14 @@ class CausalLM:
             nxt = sample(logits, key, temperature, top_k, top_p) if do_sample else greedy(logits)
             return nxt, logits, k_cache, v_cache
 
-        # XLA:CPU hands small matmuls to XNNPACK by default; here its per-call cost exceeds the
-        # work (SmolLM2, 2-core CPU, per step: batch-1 decode 16.9 -> 14.3 ms, batch-16 decode
-        # 145 -> 123 ms, 128-token prefill 150 -> 141 ms). A per-program compiler option:
-        # nothing global changes. XLA:CPU's own loops (the dequantizations, the matrix-vector
-        # products they fuse into) use 256-bit vectors by default; 512 (where the CPU has them)
-        # makes the 30-layer SmolLM2 MLP at 1 row 5.1 -> 3.8 ms, at 16 rows 14.1 -> 13.2 ms and
-        # batch-1 decode 10.1 -> 8.0-8.8 ms a token (2-core AVX-512 CPU). Float32 only: with
-        # bfloat16 activations it moved the logits 0.875 away from transformers' bfloat16, against 0.125.
-        options = None
-        if jax.default_backend() == "cpu":
-            options = {"xla_cpu_use_xnnpack": False}
-            if dtype == DType.float32:
-                options["xla_cpu_prefer_vector_width"] = 512
+        # the backend policy's compiler options: per program, nothing global changes
+        options = self.program.policy.compiler_options(dtype.to_jax())
         self._step = jax.jit(step, static_argnames=("do_sample",), donate_argnums=(3, 4), compiler_options=options)
 
     # -- loading ---------------------------------------------------------------------------------
     @classmethod
     def from_gguf(
-        cls, path: str | os.PathLike[str], dtype: DType = DType.float32, progress: bool = False, quantized_layout: str = "nibbles"
+        cls, path: str | os.PathLike[str], dtype: DType = DType.float32, progress: bool = False, quantized_layout: str | None = None
     ) -> "CausalLM":
         """Loads a llama-architecture GGUF: weights (packed as in the file), config and tokenizer.
 
@@ -170,7 +160,7 @@ class CausalLM:
 
     @classmethod
     def from_pretrained_dir(
-        cls, directory: str | os.PathLike[str], dtype: DType = DType.float32, progress: bool = False, quantized_layout: str = "nibbles"
+        cls, directory: str | os.PathLike[str], dtype: DType = DType.float32, progress: bool = False, quantized_layout: str | None = None
     ) -> "CausalLM":
         """Loads a Hugging Face llama directory: ``config.json``, ``*.safetensors``, ``tokenizer.json``.
 
@@ -473,7 +463,7 @@ def load_model(
     *,
     dtype: DType = DType.float32,
     progress: bool = False,
-    quantized_layout: str = "nibbles",
+    quantized_layout: str | None = None,
 ) -> CausalLM:
     """Loads a model for generation: a GGUF file, a Hugging Face directory (or repo id in the local
     cache), or with no argument the bundled SmolLM2-135M-Instruct (Q4_1 GGUF).

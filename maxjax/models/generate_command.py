@@ -16,7 +16,7 @@ from maxjax.dtype import DType
 __all__ = ["configure", "run"]
 
 _DTYPES = {"float32": DType.float32, "bfloat16": DType.bfloat16}
-_LAYOUTS = ("nibbles", "unpacked", "packed", "dequantized")
+_LAYOUTS = ("auto", "nibbles", "unpacked", "packed", "dequantized")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -37,9 +37,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quantized-layout",
         choices=_LAYOUTS,
-        default="nibbles",
-        help="how quantized weights sit in memory: nibbles (default; 4-bit stays 4-bit), unpacked (one byte per "
-        "value, about 2x the memory of Q4_1), packed (the file's blocks; slow on CPU), dequantized (float32)",
+        default="auto",
+        help="how quantized weights sit in memory: auto (default: the backend policy's choice for this platform and "
+        "CPU), nibbles (4-bit stays 4-bit), unpacked (one byte per value, about 2x the memory of Q4_1), packed (the "
+        "file's blocks; slow on CPU), dequantized (float32)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar while weights load")
 
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         args.model,
         dtype=_DTYPES[args.dtype],
         progress=not args.no_progress and sys.stderr.isatty(),
-        quantized_layout=args.quantized_layout,
+        quantized_layout=None if args.quantized_layout == "auto" else args.quantized_layout,
     )
     load_s = time.perf_counter() - t0
     out = sys.stdout

@@ -3,9 +3,8 @@
 The KV cache of a whole model is two arrays, KV-head-major: keys ``[n_layers, batch, n_kv_heads,
 head_dim, max_seq_len]`` and values ``[n_layers, batch, n_kv_heads, max_seq_len, head_dim]``. Keys
 are stored transposed so that both attention products read the cache as plain ``[.., k, n]``
-right operands: XLA:CPU's matmul library re-lays a transposed right operand on every call
-(SmolLM2, 2 CPU cores, process-separated alternating runs: batch-16 decode 30-32 -> 29 ms a step,
-batch-1 decode 10.1-11.1 -> 10.2 ms). A layer writes the keys and values of its new tokens at
+right operands (XLA:CPU's matmul library re-lays a transposed right operand on every call). A
+layer writes the keys and values of its new tokens at
 their positions (``ops.scatter_nd``, in place under ``jax.jit`` with the cache donated) and
 attends over the start of the cache rows that holds every position of the batch (a window of 64,
 128, ... positions chosen at run time) with the mask ``key_position <= query_position``, so
@@ -22,8 +21,13 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from maxjax.dtype import DType
 from maxjax.graph import ops
+from maxjax.graph.ops import op_traits
 from maxjax.graph.type import DeviceRef
 from maxjax.nn.layer import Module
 from maxjax.nn.linear import Linear
@@ -47,7 +51,13 @@ def _windows(max_seq: Any) -> tuple[int, ...]:
     return (*out, max_seq)
 
 
-def _causal_gqa(q: Any, k_cache: Any, v_cache: Any, layer: Any, positions: Any, *, scale: float) -> Any:
+#: the score of a masked key: a large finite negative (as gemma and Equinox use), so a row whose
+#: keys are all masked (an empty batch slot, left padding) gives finite values instead of NaN
+MASKED = float(np.finfo(np.float32).min)
+
+
+@op_traits(uses_policy=True)
+def _causal_gqa(q: Any, k_cache: Any, v_cache: Any, layer: Any, positions: Any, *, scale: float, policy: Any) -> Any:
     """Causal grouped-query attention of one layer over its cache rows (one op of its own).
 
     q ``[batch, seq, h, d]``; k_cache ``[n_layers, batch, kv, d, max_seq]``; v_cache ``[n_layers,
@@ -58,16 +68,10 @@ def _causal_gqa(q: Any, k_cache: Any, v_cache: Any, layer: Any, positions: Any, 
     ..., ``max_seq`` that holds every position of the batch (``lax.switch`` over the windows, so
     one compiled program serves every length): keys past ``W`` are masked for every query, so the
     result is the same as attending over the whole row, and a short sequence in a long cache does
-    not pay for the whole cache (SmolLM2 on 2 CPU cores, 1024-position cache at position 16:
-    batch-1 decode 22 -> 9 ms a step, 128-token prefill 151 -> 110 ms; 16 rows at position 16 of
-    a 256-position cache: 58-68 -> 38-51 ms a step). Each window is one more copy of the
-    attention to compile (0.15 s for 2 windows to 0.7 s for 5).
+    not pay for the whole cache. Each window is one more copy of the attention to compile.
     """
-    import jax
-    import jax.numpy as jnp
-
     windows = _windows(v_cache.shape[3])
-    branches = [lambda *a, w=w: _attend(*a, window=w, scale=scale) for w in windows]
+    branches = [lambda *a, w=w: _attend(*a, window=w, scale=scale, policy=policy) for w in windows]
     if len(branches) == 1:
         return branches[0](q, k_cache, v_cache, layer, positions)
     needed = jnp.max(positions).astype(jnp.int32) + 1
@@ -75,18 +79,14 @@ def _causal_gqa(q: Any, k_cache: Any, v_cache: Any, layer: Any, positions: Any, 
     return jax.lax.switch(index, branches, q, k_cache, v_cache, layer, positions)
 
 
-def _attend(q: Any, k_cache: Any, v_cache: Any, layer: Any, positions: Any, *, window: Any, scale: float) -> Any:
+def _attend(q: Any, k_cache: Any, v_cache: Any, layer: Any, positions: Any, *, window: Any, scale: float, policy: Any) -> Any:
     """:func:`_causal_gqa` over the first ``window`` cache positions.
 
-    Batched decode (one new token for each of several rows): the query heads are grouped per KV
-    head, so the KV cache is read as it is. Otherwise (batch-1 decode, prefill) the KV heads are
-    repeated per query head (Hugging Face's ``repeat_kv``): the output's heads are then contiguous
-    ``[h, d]``, which lets XLA fuse o_proj's weight dequantization into its matrix-vector product
-    at full speed, and XLA's dots for prefill are faster in that layout (measured on SmolLM2).
+    Two layouts of the same arithmetic; the backend policy picks one
+    (``policy.attention_grouped``): the query heads grouped per KV head, so the KV cache is read
+    as it is, or the KV heads repeated per query head (Hugging Face's ``repeat_kv``), which gives
+    the output's heads contiguously ``[h, d]``.
     """
-    import jax
-    import jax.numpy as jnp
-
     b, s, h, d = q.shape
     kv = k_cache.shape[2]
     g = h // kv
@@ -95,26 +95,29 @@ def _attend(q: Any, k_cache: Any, v_cache: Any, layer: Any, positions: Any, *, w
     keys = keys.astype(q.dtype)
     values = jax.lax.dynamic_index_in_dim(v_cache, layer, 0, keepdims=False)[:, :, :window].astype(q.dtype)
     visible = positions.astype(jnp.int32)[:, :, None] >= jnp.arange(window, dtype=jnp.int32)  # [b, s, window]
-    hp = jax.lax.Precision.HIGHEST
-    # (== on sizes: they may be symbolic while a graph infers shapes; both branches agree on shape)
-    grouped = g > 1 and s == 1 and not b == 1
-    if not grouped:
+    if not policy.attention_grouped(b, s, g):
         if g > 1:
             keys, values = jnp.repeat(keys, g, axis=1), jnp.repeat(values, g, axis=1)
         qh = jnp.transpose(q, (0, 2, 1, 3))  # [b, h, s, d]
-        scores = jnp.matmul(qh, keys, precision=hp) * scale  # [b, h, s, window]
-        scores = jnp.where(visible[:, None], scores.astype(jnp.float32), -jnp.inf)
+        scores = policy.matmul(qh, keys) * scale  # [b, h, s, window]
+        scores = jnp.where(visible[:, None], scores.astype(jnp.float32), MASKED)
         probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-        ctx = jnp.transpose(jnp.matmul(probs, values, precision=hp), (0, 2, 1, 3))  # [b, s, h, d]
-    else:
+        ctx = jnp.transpose(policy.matmul(probs, values), (0, 2, 1, 3))  # [b, s, h, d]
+    elif s == 1:
         # one query token per row: the query heads of a KV head form the rows of its dots,
         # [b, kv, g, d] x [b, kv, d, window] -> [b, kv, g, window] (both operands in their
-        # stored layout; a [.., window, g] order made XLA copy the cache and run a slow dot)
+        # stored layout; a [.., window, g] order made XLA:CPU copy the cache and run a slow dot)
         qg = q.reshape(b, kv, g, d)
-        scores = jnp.einsum("bngd,bndk->bngk", qg, keys, precision=hp) * scale
-        scores = jnp.where(visible[:, :, None], scores.astype(jnp.float32), -jnp.inf)
+        scores = policy.einsum("bngd,bndk->bngk", qg, keys) * scale
+        scores = jnp.where(visible[:, :, None], scores.astype(jnp.float32), MASKED)
         probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-        ctx = jnp.einsum("bngk,bnkd->bngd", probs, values, precision=hp)
+        ctx = policy.einsum("bngk,bnkd->bngd", probs, values)
+    else:
+        qg = q.reshape(b, s, kv, g, d)
+        scores = policy.einsum("bsngd,bndk->bngsk", qg, keys) * scale  # [b, kv, g, s, window]
+        scores = jnp.where(visible[:, None, None], scores.astype(jnp.float32), MASKED)
+        probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+        ctx = policy.einsum("bngsk,bnkd->bsngd", probs, values)
     return ctx.reshape(b, s, h * d)
 
 

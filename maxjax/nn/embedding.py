@@ -9,7 +9,6 @@ from maxjax.graph import ops
 from maxjax.graph.type import DeviceRef
 from maxjax.graph.weight import Weight
 from maxjax.nn.layer import Module
-from maxjax.nn.linear import packed_shape
 
 __all__ = ["Embedding"]
 
@@ -35,7 +34,7 @@ class Embedding(Module):
         self.device = device or DeviceRef.CPU()
         wname = f"{name}.weight" if name else "weight"
         if quantization_encoding is not None:
-            shape = packed_shape(vocab_size, hidden_dim, quantization_encoding)
+            shape = quantization_encoding.packed_shape((vocab_size, hidden_dim))
             self.weight = Weight(wname, DType.uint8, shape, self.device, quantization_encoding=quantization_encoding)
         else:
             self.weight = Weight(wname, dtype, (vocab_size, hidden_dim), self.device)

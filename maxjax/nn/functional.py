@@ -16,24 +16,18 @@ from typing import Any, Mapping
 
 import jax
 
+from maxjax.graph.binding import bind
 from maxjax.graph.graph import did_you_mean
-from maxjax.graph.ops.call import weight_scope
-from maxjax.graph.weight import bind_weights, to_jax_array
 
 __all__ = ["functional_call", "state", "abstract_state"]
-
-
-def _as_array(v: Any) -> Any:
-    if isinstance(v, jax.Array):  # includes tracers
-        return v
-    return to_jax_array(v)
 
 
 def functional_call(module: Any, state: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
     """Calls ``module(*args, **kwargs)`` with its weights taken from ``state`` (FQN -> array).
 
     Weights missing from ``state`` use the value loaded on the module (eager value), so a partial
-    state (e.g. only the trainable weights) works.
+    state (e.g. only the trainable weights) works. A GGUF-quantized weight's value may be its raw
+    bytes or a :class:`~maxjax.graph.quantization.QuantizedArray` of any layout.
 
     Raises:
         KeyError: a key of ``state`` is not a weight of the module (with "did you mean").
@@ -44,18 +38,19 @@ def functional_call(module: Any, state: Mapping[str, Any], *args: Any, **kwargs:
         w = index.get(k)
         if w is None:
             raise KeyError(f"{k!r} is not a weight of {type(module).__name__}.{did_you_mean(k, index)}")
-        bindings[id(w)] = _as_array(v)
-    with bind_weights(bindings), weight_scope(index):
+        bindings[id(w)] = w.as_value(v)
+    with bind(names=index, values=bindings, root=module):
         return module(*args, **kwargs)
 
 
 def state(module: Any) -> dict[str, jax.Array]:
-    """The module's weights as ``{fqn: jax.Array}`` (placed on each weight's device or sharding).
+    """The module's weights as ``{fqn: jax.Array}`` (placed on each weight's device or sharding;
+    GGUF-quantized weights as :class:`~maxjax.graph.quantization.PackedArray`).
 
     Weights with no loaded value are zero-filled, as ``state_dict()`` does.
     """
     module.state_dict()  # zero-fills unloaded weights and gives weights their FQNs
-    return {fqn: w._eager_array() for fqn, w in module._fqn_index().items()}
+    return {fqn: w.array() for fqn, w in module._fqn_index().items()}
 
 
 def abstract_state(module: Any) -> dict[str, jax.ShapeDtypeStruct]:

@@ -19,6 +19,7 @@ code and returns JAX arrays; calling it on graph values records into the graph.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 from collections import deque
@@ -27,12 +28,14 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Seque
 import jax
 import numpy as np
 
+from maxjax.driver import Buffer
 from maxjax.dtype import DType
-from maxjax.graph.graph import MODULE_SCOPE, Graph, _to_type, current_graph
-from maxjax.graph.ops.call import current_weight_scope, weight_scope
+from maxjax.graph.binding import bind, current_binding
+from maxjax.graph.graph import Graph, as_tensor_type, current_graph, layer_scope
 from maxjax.graph.type import Shape, TensorType
 from maxjax.graph.value import TensorValue
 from maxjax.graph.weight import Weight
+from maxjax.graph.weights.weight_data import WeightData
 
 __all__ = [
     "Layer",
@@ -95,8 +98,6 @@ def clear_hooks() -> None:
 
 
 def _is_raw_array(x: Any) -> bool:
-    from maxjax.driver import Buffer
-
     return isinstance(x, (jax.Array, np.ndarray, Buffer)) and not isinstance(x, TensorValue)
 
 
@@ -128,29 +129,18 @@ def _wrap_call(call: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(call)
     def __call__(self: "Layer", *args: Any, **kwargs: Any) -> Any:
         (args, kwargs), boundary = _wrap_arrays((args, kwargs))
-        scope = None
-        if (boundary or current_weight_scope() is None) and isinstance(self, Module) and current_graph() is None:
-            scope = weight_scope(self._fqn_index())
-        if scope is not None:
-            scope.__enter__()
-        try:
+        with contextlib.ExitStack() as stack:
             if current_graph() is None:
-                with jax.named_scope(type(self).__name__):
-                    out = call(self, *args, **kwargs)
+                if (boundary or current_binding() is None) and isinstance(self, Module):
+                    stack.enter_context(bind(names=self._fqn_index(), root=self))
+                stack.enter_context(jax.named_scope(type(self).__name__))
             else:  # graph mode: nodes remember the layer path for the compiled program's op names
-                outer = MODULE_SCOPE.get()
-                token = MODULE_SCOPE.set(f"{outer}/{type(self).__name__}" if outer else type(self).__name__)
-                try:
-                    out = call(self, *args, **kwargs)
-                finally:
-                    MODULE_SCOPE.reset(token)
+                stack.enter_context(layer_scope(type(self).__name__))
+            out = call(self, *args, **kwargs)
             for hook in tuple(_HOOKS):
                 result = hook(self, args, kwargs, out)
                 if result is not None:
                     out = result
-        finally:
-            if scope is not None:
-                scope.__exit__(None, None, None)
         return _unwrap(out) if boundary else out
 
     __call__._maxjax_wrapped = True  # type: ignore[attr-defined]
@@ -190,9 +180,7 @@ def _init_registry(module: "Module") -> None:
 
 def _value_meta(fqn: str, value: Any) -> tuple[Shape, DType, Any]:
     """Shape, dtype and the NumPy array (if the value is host memory) of a state-dict value."""
-    from maxjax.driver import Buffer
-
-    if type(value).__name__ == "WeightData":  # its own shape/dtype; the host array for the alignment check
+    if isinstance(value, WeightData):  # its own shape/dtype; the host array for the alignment check
         return Shape(value.shape), value.dtype, value.data if isinstance(value.data, np.ndarray) else None
     if isinstance(value, np.ndarray):
         return Shape(value.shape), DType.from_numpy(value.dtype), value
@@ -244,6 +232,14 @@ class Module(Layer):
             d["_sublayers"][name] = value
             _STRUCTURE[0] += 1
         elif isinstance(value, Weight):
+            existing = d["_layer_weights"].get(value.name)
+            if existing is not None and existing is not value:
+                other = next((a for a, k in d["_weight_attrs"].items() if k == value.name), "?")
+                raise ValueError(
+                    f"{type(self).__name__}.{name}: a different Weight named {value.name!r} is already attribute "
+                    f"{other!r} of this module; two weights cannot share a fully-qualified name. Give the Weights "
+                    "distinct names."
+                )
             d["_layer_weights"][value.name] = value
             d["_weight_attrs"][name] = value.name
             _STRUCTURE[0] += 1
@@ -283,12 +279,27 @@ class Module(Layer):
                 queue.append((f"{prefix}{name}.", child))
 
     def _named_weights(self) -> list[tuple[str, Weight]]:
-        """``(fqn, weight)`` for every owned (not shared) weight, in module order; no renaming."""
+        """``(fqn, weight)`` for every owned (not shared) weight, in module order; no renaming.
+
+        Raises:
+            ValueError: two weights have the same fully-qualified name (as MAX 26.7 raises), e.g.
+                ``a.b.w`` as weight ``w`` of module ``a.b`` and weight ``b.w`` of module ``a``.
+        """
         out = []
+        owners: dict[str, str] = {}
         for prefix, m in self.named_modules():
             for key, w in m._layer_weights.items():
-                if key not in m._shared_keys:
-                    out.append((prefix + key, w))
+                if key in m._shared_keys:
+                    continue
+                fqn = prefix + key
+                owner = prefix[:-1] or "<root>"
+                if fqn in owners:
+                    raise ValueError(
+                        f"Duplicate weight FQN '{fqn}' produced by two distinct attribute paths: '{owners[fqn]}' and "
+                        f"'{owner}'. Two weights cannot share the same fully-qualified name in a module's state_dict."
+                    )
+                owners[fqn] = owner
+                out.append((fqn, w))
         return out
 
     def _fqn_index(self) -> dict[str, Weight]:
@@ -332,13 +343,13 @@ class Module(Layer):
         """
         out = {}
         for fqn, w in self.raw_state_dict().items():
-            if w._data is None:
+            if w.value is None:
                 if not auto_initialize:
                     raise ValueError(f"Weight '{fqn}' was not initialized.")
                 if not Shape.is_static(w.shape):
                     raise ValueError(f"Weight '{fqn}' has a symbolic shape {w.shape} and cannot be zero-filled")
-                w._set_value(np.zeros(tuple(int(d) for d in w.shape), w.dtype.to_numpy()))
-            out[fqn] = w._data
+                w.set_value(np.zeros(tuple(int(d) for d in w.shape), w.dtype.to_numpy()))
+            out[fqn] = w.value
         return out
 
     def load_state_dict(
@@ -384,7 +395,7 @@ class Module(Layer):
             except ValueError as e:
                 errors.append(str(e))
                 continue
-            is_wd = type(value).__name__ == "WeightData"
+            is_wd = isinstance(value, WeightData)
             enc = getattr(value, "quantization_encoding", None) if is_wd else None
             override = None
             if override_quantization_encoding and enc is not None:
@@ -439,10 +450,9 @@ class Module(Layer):
         # commit: nothing above changed the module
         for fqn, w, value, override in plan:
             if override is not None:
-                w.quantization_encoding, w._dtype, w._shape = override
-                w.__dict__.pop("original_dtype_and_shape", None)
+                w.retype(*override)
             w.name = fqn
-            w._set_value(value)
+            w.set_value(value)
         return LoadStateDictResult(missing, unexpected)
 
     def set_shared_weight(self, name: str, weight: Weight) -> None:
@@ -481,20 +491,21 @@ class Module(Layer):
     ) -> Graph:
         """Traces this layer once into a subgraph for ``ops.call(subgraph, *args, prefix=...)``.
 
-        Accepts the seed's ``input_types`` and MAX 26.7's ``inputs`` (types or values). Weights whose
-        names start with ``weight_prefix`` become placeholders keyed without it; the Weight objects
-        are not renamed. Inside a graph the subgraph belongs to the current graph; outside one
-        (eager/functional mode) it is a standalone graph, cached per input types.
+        Accepts the seed's ``input_types`` and MAX 26.7's ``inputs`` (types or values). Nested
+        inputs (lists, tuples, dicts of them) are flattened into the subgraph's inputs, as MAX does,
+        and the layer is called with the structure rebuilt; ``ops.call`` takes the flat values.
+        Weights whose names start with ``weight_prefix`` become placeholders keyed without it; the
+        Weight objects are not renamed. Inside a graph the subgraph belongs to the current graph;
+        outside one (eager/functional mode) it is a standalone graph, cached per input types.
 
         Raises:
             ValueError: both or neither of ``input_types`` and ``inputs`` given.
         """
         if (input_types is None) == (inputs is None):
             raise ValueError("build_subgraph: pass the input types (input_types= or inputs=), exactly once")
-        flat: list[Any] = []
-        for t in input_types if input_types is not None else inputs:  # type: ignore[union-attr]
-            flat.extend(t if isinstance(t, (list, tuple)) else [t])
-        types = [_to_type(t) for t in flat]
+        given = list(input_types if input_types is not None else inputs)  # type: ignore[arg-type]
+        flat, structure = jax.tree.flatten(given, is_leaf=lambda t: not isinstance(t, (list, tuple, dict)))
+        types = [as_tensor_type(t) for t in flat]
         parent = current_graph()
         if parent is not None:
             sub = parent.add_subgraph(name, input_types=types, _weight_prefix=weight_prefix)
@@ -507,7 +518,7 @@ class Module(Layer):
             sub = Graph(name, input_types=types, _weight_prefix=weight_prefix)
             self._cache[key] = sub
         with sub:
-            out = self(*sub.inputs)
+            out = self(*jax.tree.unflatten(structure, sub.inputs))
             sub.output(*(out if isinstance(out, (list, tuple)) else [out]))
         return sub
 

@@ -13,27 +13,30 @@ from maxjax.nn.layer import Module
 __all__ = ["Linear", "MLP"]
 
 
-def packed_shape(rows: int, cols: int, encoding: Any) -> tuple[int, int]:
-    """The uint8 ``[rows, bytes_per_row]`` shape of a ``[rows, cols]`` matrix in GGUF blocks.
-
-    Raises:
-        ValueError: ``cols`` is not a whole number of blocks.
-    """
-    bp = encoding.block_parameters
-    if cols % bp.elements_per_block:
-        raise ValueError(
-            f"{encoding}: a row of {cols} elements is not a whole number of {bp.elements_per_block}-element blocks"
-        )
-    return rows, cols // bp.elements_per_block * bp.block_size
-
-
 class Linear(Module):
     """``y = x @ weight.T (+ bias)`` with ``weight`` of shape ``[out_dim, in_dim]`` (MAX's ``nn.Linear``).
 
-    With a GGUF ``quantization_encoding`` the weight is uint8 blocks ``[out_dim, bytes_per_row]``
-    and is dequantized inside the computation (float32 arithmetic).
+    With a GGUF ``quantization_encoding`` the weight is declared as MAX declares it, uint8 blocks
+    ``[out_dim, bytes_per_row]``; it runs as a quantized tensor (``ops.qmatmul``: float32
+    arithmetic, the dequantization fused into the product).
 
     Weight keys: ``weight`` and ``bias`` (``{name}.weight`` when ``name`` is given).
+
+    Args:
+        in_dim, out_dim: features in and out.
+        dtype: the weight's (and bias's) dtype when not quantized.
+        device: where the weights live.
+        has_bias: add a ``bias [out_dim]``.
+        quantization_encoding: a GGUF encoding of the weight, or None.
+        quant_config: MAX's config of FP8/FP4/int8 weight scales; not supported (must be None).
+        name: a prefix for the weight keys.
+        clip_weight: clamp the (unquantized) weight to ``[-clip, clip]`` before use.
+        is_sharding: MAX's flag for building a shard: no Weights are created (the caller assigns
+            the shard's ``weight`` and ``bias``).
+
+    Raises:
+        NotImplementedError: a ``quant_config``.
+        ValueError: ``in_dim`` is not a whole number of blocks of ``quantization_encoding``.
     """
 
     def __init__(
@@ -50,18 +53,28 @@ class Linear(Module):
         is_sharding: bool = False,
     ) -> None:
         super().__init__()
+        if quant_config is not None:
+            raise NotImplementedError(
+                f"Linear(quant_config={quant_config!r}): MAX's FP8/FP4/int8 scale configs are not supported by maxjax; "
+                "GGUF weights use quantization_encoding"
+            )
         self.in_dim, self.out_dim = in_dim, out_dim
+        self.dtype = dtype
         self.device = device or DeviceRef.CPU()
+        self.has_bias = has_bias
         self.clip_weight = clip_weight
+        self.quantization_encoding = quantization_encoding
+        self.bias: Weight | None = None
+        if is_sharding:
+            return
         prefix = f"{name}." if name else ""
         if quantization_encoding is not None:
-            self.weight = Weight(
-                f"{prefix}weight", DType.uint8, packed_shape(out_dim, in_dim, quantization_encoding),
-                self.device, quantization_encoding=quantization_encoding,
-            )
+            shape = quantization_encoding.packed_shape((out_dim, in_dim))
+            self.weight = Weight(f"{prefix}weight", DType.uint8, shape, self.device, quantization_encoding=quantization_encoding)
         else:
             self.weight = Weight(f"{prefix}weight", dtype, (out_dim, in_dim), self.device)
-        self.bias = Weight(f"{prefix}bias", dtype, (out_dim,), self.device) if has_bias else None
+        if has_bias:
+            self.bias = Weight(f"{prefix}bias", dtype, (out_dim,), self.device)
 
     def __call__(self, x: Any) -> Any:
         enc = self.weight.quantization_encoding

@@ -14,7 +14,16 @@ __all__ = ["RMSNorm", "LayerNorm"]
 
 
 class RMSNorm(Module):
-    """RMS normalization over the last axis with a learned ``weight [dim]`` (see ``ops.rms_norm``)."""
+    """RMS normalization over the last axis with a learned ``weight [dim]`` (see ``ops.rms_norm``).
+
+    As in MAX 26.7, the layer's ``multiply_before_cast`` defaults to True (Gemma style: the weight
+    multiplies the float32 normalized input, then the result is cast to the input's dtype) while
+    ``ops.rms_norm``'s defaults to False (Llama style); and the weight is cast to the input's dtype
+    before the op, as MAX's layer does.
+
+    Raises:
+        ValueError: (when called) the input's last dimension is not ``dim``.
+    """
 
     def __init__(
         self,
@@ -32,7 +41,10 @@ class RMSNorm(Module):
         self.weight = Weight("weight", dtype, (dim,), device or DeviceRef.CPU())
 
     def __call__(self, x: Any) -> Any:
-        return ops.rms_norm(x, self.weight, self.eps, self.weight_offset, self.multiply_before_cast)
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"RMSNorm weight dimension ({self.dim}) must match the input's last dimension ({x.shape[-1]})")
+        weight = self.weight if self.weight.dtype == x.dtype else ops.cast(self.weight, x.dtype)
+        return ops.rms_norm(x, weight, self.eps, self.weight_offset, self.multiply_before_cast)
 
 
 class LayerNorm(Module):

@@ -4,7 +4,7 @@ Every op works on symbolic graph values (recording a node), on TensorValues hold
 plain JAX arrays or tracers (returning plain arrays).
 """
 
-from maxjax.graph.ops._core import apply
+from maxjax.graph.ops._core import apply, op_traits
 from maxjax.graph.ops.call import call
 from maxjax.graph.ops.elementwise import (
     abs, acos, add, atanh, ceil, cos, div, equal, erf, exp, floor, floor_div, gelu, greater, greater_equal,
@@ -27,7 +27,7 @@ __all__ = [
     "div", "equal", "erf", "exp", "flatten", "floor", "floor_div", "gather", "gather_nd", "gelu", "greater",
     "greater_equal", "identity", "is_inf", "is_nan", "layer_norm", "log", "log1p", "logical_and",
     "logical_not", "logical_or", "logical_xor", "logsoftmax", "matmul", "max", "mean", "min", "mod", "mul",
-    "negate", "not_equal", "outer", "pad", "permute", "pow", "print", "prod", "qmatmul", "range", "rebind",
+    "negate", "not_equal", "op_traits", "outer", "pad", "permute", "pow", "print", "prod", "qmatmul", "range", "rebind",
     "relu", "repeat_interleave", "reshape", "rms_norm", "round", "rsqrt", "scatter_nd", "shape_to_tensor", "sigmoid",
     "silu", "sin", "slice_tensor", "softmax", "split", "sqrt", "squeeze", "stack", "sub", "sum", "tanh",
     "tile", "top_k", "transfer_to", "transpose", "trunc", "unsqueeze", "where",

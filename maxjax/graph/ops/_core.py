@@ -12,20 +12,79 @@ An op is one jnp function ``fn(*tensors, **static)``. :func:`apply` looks at wha
 
 ``static`` holds non-tensor arguments (axes, shapes, dtypes). Dims in it become JAX symbolic
 expressions for shape inference and concrete ints when the graph runs.
+
+Two attributes of an op function change how it is called (set them with :func:`op_traits`):
+
+- ``accepts_quantized``: the op takes :class:`~maxjax.graph.quantization.QuantizedArray` values
+  (``qmatmul``, ``dequantize``, ``gather`` of rows) and calls their methods. Any other op that
+  is given a quantized weight reads its raw GGUF bytes, as in MAX; in a graph that weight is then
+  pinned to the packed layout (``Graph._packed_only``).
+- ``uses_policy``: the op takes a ``policy=`` keyword, the
+  :class:`~maxjax.backend.BackendPolicy` of the program being traced (the default backend's when
+  it runs eagerly or infers shapes).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+import functools
+
 import jax
 import numpy as np
 
+from maxjax.backend import policy_for
+from maxjax.driver import Buffer
 from maxjax.graph.graph import Graph, Node, current_graph
+from maxjax.graph.quantization import QuantizedArray
 from maxjax.graph.type import Dim, Shape
 from maxjax.graph.value import TensorValue
 
-__all__ = ["apply", "concretize", "static_exprs", "static_ints"]
+__all__ = ["apply", "concretize", "is_quantized", "op_traits", "static_exprs", "static_ints"]
+
+
+def op_traits(*, accepts_quantized: bool = False, uses_policy: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator marking an op function's traits (see the module docstring)."""
+
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn.accepts_quantized = accepts_quantized  # type: ignore[attr-defined]
+        fn.uses_policy = uses_policy  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def is_quantized(x: Any) -> bool:
+    """True for a :class:`QuantizedArray` (a leaf of op outputs, never flattened)."""
+    return isinstance(x, QuantizedArray)
+
+
+def _raw_bytes(x: Any, op: str) -> Any:
+    if isinstance(x, QuantizedArray):
+        try:
+            return x.packed_bytes()
+        except ValueError as e:
+            raise ValueError(f"{op}: {e}") from None
+    return x
+
+
+def _reading_bytes(fn: Callable[..., Any], op: str) -> Callable[..., Any]:
+    """``fn`` with quantized arguments replaced by their raw GGUF bytes (ops not quantization-aware)."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return fn(*(_raw_bytes(a, op) for a in args), **kwargs)
+
+    return run
+
+
+def _quantized_source(t: TensorValue) -> str | None:
+    node = t._node
+    if node is None:
+        return None
+    if node.kind == "weight":
+        return node.extra.key
+    return node.qsource
 
 
 def _map_static(obj: Any, f: Callable[[Dim], Any]) -> Any:
@@ -63,8 +122,6 @@ def concretize(obj: Any, env: dict[str, int]) -> Any:
 
 
 def _is_array(x: Any) -> bool:
-    from maxjax.driver import Buffer
-
     return isinstance(x, (jax.Array, np.ndarray, Buffer))
 
 
@@ -81,8 +138,6 @@ def _describe(x: Any) -> str:
 
 def const_value(graph: Graph, value: Any) -> TensorValue:
     """A constant node of ``graph`` holding an array."""
-    from maxjax.driver import Buffer
-
     if isinstance(value, Buffer):
         value = value.to_jax()
     aval = jax.ShapeDtypeStruct(np.shape(value), jax.dtypes.canonicalize_dtype(value.dtype))
@@ -130,23 +185,29 @@ def apply(fn: Callable[..., Any], *tensors: Any, _name: str | None = None, **sta
     else:
         vals = list(tensors)
 
+    aware = getattr(fn, "accepts_quantized", False)
+    kwargs = {"policy": policy_for(None)} if getattr(fn, "uses_policy", False) else {}
     if graph is None:
-        arrays = [
-            (t._array if t._array is not None else t.to_jax()) if isinstance(t, TensorValue) else _unbuffer(t)
-            for t in vals
-        ]
-        out = fn(*arrays, **static_ints(static)) if static else fn(*arrays)
+        arrays = [t.to_jax() if isinstance(t, (TensorValue, Buffer)) else t for t in vals]
+        if not aware:
+            arrays = [_raw_bytes(a, name) for a in arrays]
+        out = fn(*arrays, **static_ints(static), **kwargs)
         if has_tv or not tensors:  # creation ops (no tensor inputs) give TensorValues too
-            return jax.tree.map(TensorValue._from_array, out)
+            return jax.tree.map(TensorValue._from_array, out, is_leaf=is_quantized)
         return out
 
     # graph mode: record a node
     node_args: list[Any] = []
     avals: list[Any] = []
+    sources: list[str] = []  # weights whose quantized values this op receives
     for t in vals:
         if isinstance(t, TensorValue):
             if t._graph is None:  # a concrete value used in a graph: a constant
                 t = const_value(graph, t.to_jax())
+            if isinstance(t._aval, QuantizedArray):
+                src = _quantized_source(t)
+                if src is not None:
+                    sources.append(src)
             node_args.append(t)
             avals.append(t._aval)
         elif _is_array(t):
@@ -155,19 +216,23 @@ def apply(fn: Callable[..., Any], *tensors: Any, _name: str | None = None, **sta
             avals.append(c._aval)
         else:
             node_args.append(t)
+    has_quantized = any(isinstance(a, QuantizedArray) for a in avals)
+    if has_quantized and not aware:  # the op reads the raw GGUF bytes: keep those weights packed
+        graph._packed_only.update(sources)
+        fn = _reading_bytes(fn, name)
     exprs = static_exprs(static) if static else {}
 
     def shape_fn(*avs: Any) -> Any:
         it = iter(avs)
         full = [next(it) if isinstance(a, TensorValue) else a for a in node_args]
-        return fn(*full, **exprs)
+        return fn(*full, **exprs, **kwargs)
 
     try:
         out = jax.eval_shape(shape_fn, *avals)
     except (TypeError, ValueError, IndexError) as e:
         ins = ", ".join(_describe(a) for a in node_args)
         raise ValueError(f"{name}({ins}) failed: {e}") from None
-    leaves, treedef = jax.tree.flatten(out)
+    leaves, treedef = jax.tree.flatten(out, is_leaf=is_quantized)
     is_leaf = treedef.num_leaves == 1 and treedef.num_nodes == 1
     device = next((a.device for a in node_args if isinstance(a, TensorValue)), None)
     node = graph._add_node(
@@ -182,11 +247,7 @@ def apply(fn: Callable[..., Any], *tensors: Any, _name: str | None = None, **sta
             device=device,
         )
     )
+    if aware and sources and any(isinstance(leaf, QuantizedArray) for leaf in leaves):
+        node.qsource = sources[0]  # rows taken from a quantized weight
     outs = [TensorValue._from_node(graph, node, i) for i in range(len(leaves))]
     return outs[0] if is_leaf else jax.tree.unflatten(treedef, outs)
-
-
-def _unbuffer(x: Any) -> Any:
-    from maxjax.driver import Buffer
-
-    return x.to_jax() if isinstance(x, Buffer) else x

@@ -1,57 +1,36 @@
 """``ops.call``: runs a subgraph (from ``Graph.add_subgraph`` or ``Module.build_subgraph``).
 
 A subgraph is evaluated by one ``jax.jit``-compiled function, traced once per input signature
-however many times it is called. Its placeholder weights are looked up under the call's ``prefix``:
-in the weights registry (graph mode) or among the weights of the module being run (eager and
-functional modes).
+(and backend policy) however many times it is called. Its placeholder weights are looked up under
+the call's ``prefix``: in the weights registry (graph mode) or among the weights bound by the
+module being run (eager and functional modes, :mod:`maxjax.graph.binding`).
 """
 
 from __future__ import annotations
 
-import contextvars
 from typing import Any, Mapping, Sequence
 
 import jax
 
+from maxjax.backend import BackendPolicy, policy_for
 from maxjax.dtype import DType
+from maxjax.graph.binding import current_binding
 from maxjax.graph.graph import Graph, Node, current_graph, did_you_mean
 from maxjax.graph.type import Dim, StaticDim
 from maxjax.graph.value import TensorValue
 
-__all__ = ["call", "weight_scope", "current_weight_scope"]
-
-# FQN -> Weight of the module being run in eager/functional mode (set by Module.__call__).
-_WEIGHT_SCOPE: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
-    "maxjax_weight_scope", default=None
-)
-
-
-def current_weight_scope() -> Mapping[str, Any] | None:
-    return _WEIGHT_SCOPE.get()
-
-
-class weight_scope:
-    """Context manager: weights by name for ``ops.call`` outside graphs (used by ``Module.__call__``)."""
-
-    def __init__(self, index: Mapping[str, Any]):
-        self.index = index
-        self.token: Any = None
-
-    def __enter__(self) -> None:
-        self.token = _WEIGHT_SCOPE.set(self.index)
-
-    def __exit__(self, *exc: Any) -> None:
-        _WEIGHT_SCOPE.reset(self.token)
+__all__ = ["call"]
 
 
 def _jitted(sub: Graph) -> Any:
     if sub._jitted is None:
+        from maxjax.graph.scan import evaluate
 
-        def traced(weights: Mapping[str, Any], args: Sequence[Any]) -> list[Any]:
+        def traced(weights: Mapping[str, Any], args: Sequence[Any], policy: BackendPolicy) -> list[Any]:
             sub._trace_count += 1  # runs once per trace, not per call
-            return sub._evaluate(weights, args)
+            return evaluate(sub, (), weights, (), args, policy=policy)
 
-        sub._jitted = jax.jit(traced)
+        sub._jitted = jax.jit(traced, static_argnums=2)
     return sub._jitted
 
 
@@ -96,18 +75,16 @@ class CallSite:
             k: (prefix + k if e.placeholder else k) for k, e in sub._weights.items()
         }
 
-    def run(self, weights: Mapping[str, Any], args: Sequence[Any]) -> list[Any]:
+    def run(self, weights: Mapping[str, Any], args: Sequence[Any], policy: BackendPolicy | None = None) -> list[Any]:
         """Runs the subgraph with the caller's ``weights`` (keyed as the caller keys them)."""
         key = self.caller._weight_key if self.caller is not None else (lambda n: (n, False))
         sub_weights = {k: weights[key(name)[0]] for k, name in self.keys.items()}
-        return list(_jitted(self.sub)(sub_weights, list(args)))
+        return list(_jitted(self.sub)(sub_weights, list(args), policy_for(policy)))
 
 
 def _eager_weights(site: CallSite) -> dict[str, Any]:
-    from maxjax.graph.weight import current_bindings
-
-    index = current_weight_scope()
-    bindings = current_bindings() or {}
+    binding = current_binding()
+    index = binding.names if binding is not None else None
     out = {}
     for k, name in site.keys.items():
         w = index.get(name) if index is not None else None
@@ -121,8 +98,7 @@ def _eager_weights(site: CallSite) -> dict[str, Any]:
                     f"ops.call({site.sub.name!r}, prefix={site.prefix!r}): no weight {name!r} in {where}."
                     + did_you_mean(name, index or ())
                 )
-        v = bindings.get(id(w))
-        out[name] = v if v is not None else w._resolve(None)
+        out[name] = w._resolve(None)
     return out
 
 
@@ -165,13 +141,17 @@ def call(graph: Graph, *args: Any, prefix: str = "") -> list[Any]:
     site = CallSite(graph, prefix, caller)
     for k, name in site.keys.items():
         caller._require_weight(name, graph._weights[k].weight)
+        if k in graph._packed_only:  # the callee reads this quantized weight's raw bytes
+            caller._packed_only.add(caller._weight_key(name)[0])
     arg_avals = [v._aval for v in vals]
     key = tuple((str(a.shape), str(a.dtype)) for a in arg_avals)
     out_avals = graph._call_shapes.get(key)  # one shape inference per argument signature
     if out_avals is None:
         weight_avals = {k: e.weight._aval for k, e in graph._weights.items()}
         try:
-            out_avals = jax.eval_shape(graph._evaluate, weight_avals, arg_avals)
+            from maxjax.graph.scan import evaluate
+
+            out_avals = jax.eval_shape(lambda w, a: evaluate(graph, (), w, (), a), weight_avals, arg_avals)
         except Exception as e:
             raise ValueError(f"call to {graph.name}: {e}") from None
         graph._call_shapes[key] = out_avals

@@ -7,17 +7,19 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from maxjax.graph.ops._core import apply
+from maxjax.graph.ops._core import apply, op_traits
+from maxjax.graph.quantization import as_quantized
 
 __all__ = ["matmul", "softmax", "logsoftmax", "layer_norm", "rms_norm", "dequantize", "qmatmul"]
 
 
-def _matmul(a: Any, b: Any) -> Any:
-    return jnp.matmul(a, b)
+@op_traits(uses_policy=True)
+def _matmul(a: Any, b: Any, *, policy: Any) -> Any:
+    return policy.matmul(a, b)
 
 
 def matmul(lhs: Any, rhs: Any) -> Any:
-    """Matrix product with batch broadcasting (``jnp.matmul``).
+    """Matrix product with batch broadcasting (``jnp.matmul``, at the backend policy's precision).
 
     Raises:
         ValueError: the contracted dims differ (names both shapes).
@@ -74,7 +76,8 @@ def rms_norm(
     """RMS normalization over the last axis (Zhang & Sennrich, 2019): ``x / sqrt(mean(x^2) + eps) * (weight + offset)``.
 
     Statistics are computed in float32. ``multiply_before_cast`` multiplies by the weight before
-    casting back to ``input``'s dtype (Gemma style); otherwise after (Llama style).
+    casting back to ``input``'s dtype (Gemma style); otherwise after (Llama style, the default, as
+    MAX 26.7's ``ops.rms_norm``; its ``nn.RMSNorm`` layer defaults to Gemma style).
     """
     return apply(
         _rms_norm,
@@ -87,40 +90,36 @@ def rms_norm(
     )
 
 
+@op_traits(accepts_quantized=True)
 def _dequantize(x: Any, *, encoding: Any) -> Any:
-    from maxjax.graph import quantization
-
-    if isinstance(x, quantization.REPACKED_TYPES):  # the unpacked/nibbles layouts of Program.prepare
-        return x.dequantize()
-    if x.dtype == jnp.float32:  # the dequantized layout Program.prepare may choose
-        return x
-    return quantization.dequantize(encoding, x)
+    return as_quantized(x, encoding).dequantize()
 
 
 def dequantize(encoding: Any, quantized: Any) -> Any:
-    """Unpacks GGUF blocks: uint8 ``[rows, bytes_per_row]`` in, float32 ``[rows, cols]`` out.
-
-    One jittable jnp dequantizer per encoding (:mod:`maxjax.graph.quantization`; the bit layouts
-    are llama.cpp's, as the ``gguf`` package documents them).
+    """The float32 tensor of a quantized one: GGUF blocks uint8 ``[rows, bytes_per_row]`` (or a
+    :class:`~maxjax.graph.quantization.QuantizedArray`, e.g. rows gathered from a quantized
+    weight) in, float32 ``[rows, cols]`` out, bit-identical to the ``gguf`` package's dequantizer.
     """
     return apply(_dequantize, quantized, _name=f"dequantize[{encoding.value}]", encoding=encoding)
 
 
-def _qmatmul(x: Any, w: Any, *, encoding: Any) -> Any:
-    from maxjax.graph import quantization
-
-    if isinstance(w, quantization.REPACKED_TYPES):  # the unpacked/nibbles layouts of Program.prepare
-        return quantization.repacked_matmul(x, w)
-    if w.dtype == jnp.float32:  # the dequantized layout Program.prepare may choose
-        return quantization.matmul_transposed(x, w)
-    return quantization.quantized_matmul(x, w, encoding)
+@op_traits(accepts_quantized=True, uses_policy=True)
+def _qmatmul(x: Any, w: Any, *, encoding: Any, policy: Any) -> Any:
+    return as_quantized(w, encoding).matmul(x, policy)
 
 
 def qmatmul(encoding: Any, config: Any, lhs: Any, *rhs: Any) -> Any:
-    """``lhs @ dequantize(encoding, rhs).T`` for a packed weight ``rhs`` of shape ``[out, bytes]``.
+    """``lhs @ dequantize(encoding, rhs).T`` in float32 for a quantized weight ``rhs`` of logical
+    shape ``[out, in]`` (GGUF blocks ``[out, bytes_per_row]``, or a ``QuantizedArray``).
 
-    Computed in float32 (the dequantization fuses into the matmul under ``jax.jit``).
+    ``lhs`` is float32 ``[..., in]``; the result float32 ``[..., out]``. Under ``jax.jit`` the
+    dequantization fuses into the product; how the product is formed is the backend policy's.
+
+    Raises:
+        ValueError: not one weight, or ``config`` given (GPTQ-style configs are not supported).
     """
     if len(rhs) != 1:
         raise ValueError(f"qmatmul expects one packed weight, got {len(rhs)}")
+    if config is not None:
+        raise NotImplementedError(f"qmatmul: quantization config {config!r} is not supported (GGUF encodings only)")
     return apply(_qmatmul, lhs, rhs[0], _name=f"qmatmul[{encoding.value}]", encoding=encoding)

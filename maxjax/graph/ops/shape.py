@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxjax.dtype import DType
-from maxjax.graph.ops._core import apply
+from maxjax.graph.ops._core import apply, op_traits
+from maxjax.graph.quantization import QuantizedArray
 from maxjax.graph.type import DeviceRef, Dim
 from maxjax.graph.value import TensorValue
 
@@ -357,20 +358,12 @@ def band_part(x: Any, num_lower: int | None = None, num_upper: int | None = None
 
 
 # -- indexing --------------------------------------------------------------------------------
+@op_traits(accepts_quantized=True)
 def _gather(x: Any, idx: Any, *, axis: int) -> Any:
-    from maxjax.graph.quantization import REPACKED_TYPES, NibbleWeight, RepackedWeight
-
-    if isinstance(x, REPACKED_TYPES):  # rows of a quantized weight in the unpacked/nibbles layout
-        if axis not in (0, -2):
-            raise ValueError("gather: a quantized weight can only be gathered by rows (axis 0)")
-        scale, offset = (None if a is None else jnp.take(a, idx, axis=0, mode="clip") for a in (x.scale, x.offset))
-        if isinstance(x, NibbleWeight):  # rows 2i and 2i + 1 share the bytes of row i
-            idx = jnp.clip(jnp.asarray(idx, jnp.int32), 0, x.shape[0] - 1)
-            q = (jnp.take(x.values, idx // 2, axis=0) >> (4 * (idx % 2)).astype(jnp.uint8)[..., None]) & jnp.uint8(15)
-            if offset is None:  # Q4_0
-                q = q.astype(jnp.int8) - jnp.int8(8)
-            return RepackedWeight(q, scale.astype(jnp.float32), None if offset is None else offset.astype(jnp.float32))
-        return RepackedWeight(jnp.take(x.values, idx, axis=0, mode="clip"), scale, offset)
+    if isinstance(x, QuantizedArray):  # rows of a quantized weight, still quantized
+        if axis not in (0, -x.ndim):
+            raise ValueError(f"gather: a quantized weight ({x!r}) can only be gathered by rows (axis 0), got axis {axis}")
+        return x.take(idx)
     return jnp.take(x, idx, axis=axis, mode="clip")
 
 

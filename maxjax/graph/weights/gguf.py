@@ -280,9 +280,8 @@ class GGUFStore(WeightsStore):
             raise WeightsFileError(
                 self.path, f"tensor {name!r}: quantized tensors of a byte-swapped (big-endian) GGUF are not supported"
             )
-        bpe, bsize = enc.block_parameters
         rows = math.prod(logical[:-1]) if len(logical) > 1 else 1
-        packed = (rows, logical[-1] // bpe * bsize)
+        packed = enc.packed_shape((rows, logical[-1]))
         return DType.uint8, np.dtype(np.uint8), packed, enc, logical
 
     def load(self, name: str) -> WeightData:

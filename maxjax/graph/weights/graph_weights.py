@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from maxjax.driver import Buffer, to_jax_array
 from maxjax.dtype import DType
 from maxjax.graph.type import DeviceRef, Shape
 from maxjax.graph.weight import Weight
@@ -64,11 +65,8 @@ class GraphWeightsStore(WeightsStore):
                 f"Weight {name!r} of graph {self.graph.name!r} has no data: a graph's weights get their "
                 "values from the weights registry when the graph is loaded"
             )
-        if type(value).__name__ == "WeightData":
+        if isinstance(value, WeightData):
             return value
-        from maxjax.graph.weight import to_jax_array
-        from maxjax.driver import Buffer
-
         arr = to_jax_array(value)
         return WeightData(Buffer(arr), name, DType.of(arr.dtype), Shape(arr.shape), w.quantization_encoding)
 

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping
 import jax
 import numpy as np
 
+from maxjax.driver import to_jax_array
 from maxjax.dtype import DType
 from maxjax.graph.graph import did_you_mean
 from maxjax.graph.quantization import QuantizationEncoding
@@ -50,16 +51,14 @@ def is_orbax_checkpoint(path: str | os.PathLike[str]) -> bool:
 
 
 def _state_of(state: Any) -> tuple[dict[str, jax.Array], dict[str, Any]]:
-    """``({fqn: jax.Array}, {fqn: encoding info})`` of a Module or a mapping of arrays."""
-    from maxjax.graph.weight import to_jax_array
-
+    """``({fqn: jax.Array}, {fqn: encoding info})`` of a Module (anything with ``raw_state_dict``
+    and ``state_dict``) or a mapping of arrays."""
     quant: dict[str, Any] = {}
-    if hasattr(state, "raw_state_dict") and hasattr(state, "load_state_dict"):
-        from maxjax.nn import state as module_state
-
-        state.state_dict(auto_initialize=False)  # raises ValueError naming an unloaded weight
-        arrays = module_state(state)
+    if hasattr(state, "raw_state_dict") and hasattr(state, "state_dict"):
+        values = state.state_dict(auto_initialize=False)  # raises ValueError naming an unloaded weight
+        arrays = {}
         for fqn, w in state.raw_state_dict().items():
+            arrays[fqn] = to_jax_array(values[fqn], w.sharding)
             enc = w.quantization_encoding
             if enc is not None:
                 _, shape = w.original_dtype_and_shape
@@ -71,9 +70,9 @@ def _state_of(state: Any) -> tuple[dict[str, jax.Array], dict[str, Any]]:
     for k, v in state.items():
         if not isinstance(k, str):
             raise TypeError(f"state keys must be str, got {k!r}")
-        enc = getattr(v, "quantization_encoding", None) if type(v).__name__ == "WeightData" else None
+        enc = v.quantization_encoding if isinstance(v, WeightData) else None
         if enc is not None:
-            orig = getattr(v, "original_shape", None)
+            orig = v.original_shape
             quant[k] = {"encoding": enc.value, "original_shape": None if orig is None else [int(d) for d in orig]}
         arrays[k] = to_jax_array(v)
     return arrays, quant
@@ -112,10 +111,8 @@ def save_state(directory: str | os.PathLike[str], state: Any, *, overwrite: bool
 def _abstract_target(target: Any) -> dict[str, jax.ShapeDtypeStruct] | None:
     if target is None:
         return None
-    if hasattr(target, "raw_state_dict"):
-        from maxjax.nn import abstract_state
-
-        return abstract_state(target)
+    if hasattr(target, "raw_state_dict"):  # a Module: its Weights' abstract values, with shardings
+        return {k: w.shape_dtype_struct for k, w in target.raw_state_dict().items()}
     if not isinstance(target, Mapping):
         raise TypeError(f"target must be a Module or a mapping of ShapeDtypeStructs/arrays, got {type(target).__name__}")
     out = {}

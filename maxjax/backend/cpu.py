@@ -1,0 +1,45 @@
+"""The host CPU's instruction-set features, read once from the operating system.
+
+On Linux they are the ``flags`` (x86) or ``Features`` (Arm) line of ``/proc/cpuinfo``; elsewhere
+the set is empty (and the CPU policy takes its portable choices). Benchmarks record
+:func:`cpu_vector_features` beside every figure, since a tuning that wins with AVX-512 can lose
+with AVX2 only.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+
+__all__ = ["cpu_features", "cpu_vector_features", "VECTOR_FEATURE_PREFIXES"]
+
+#: flags that say what vector units the CPU has (x86 AVX/AMX families, Arm NEON/SVE)
+VECTOR_FEATURE_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4", "asimd", "neon", "sve", "sme")
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_features(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU's feature flags (``{"avx2", "avx512f", ...}``), or an empty set where unknown.
+
+    Args:
+        cpuinfo: the file to read (``/proc/cpuinfo``; a test passes a copy of another machine's).
+    """
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip().lower() in ("flags", "features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_vector_features() -> dict[str, object]:
+    """The machine and its vector features, for benchmark records:
+    ``{"machine": "x86_64", "vector_features": ["avx", "avx2", ...]}``."""
+    flags = cpu_features()
+    return {
+        "machine": platform.machine(),
+        "vector_features": sorted(f for f in flags if f.startswith(VECTOR_FEATURE_PREFIXES)),
+    }

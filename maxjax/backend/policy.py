@@ -1,0 +1,219 @@
+"""``BackendPolicy``: every platform-dependent choice maxjax makes, as one object per platform.
+
+Choices, and what each policy takes (the CPU figures behind them are in ``benchmarks/results/``):
+
+- ``precision``: the ``lax.Precision`` of float32 matmuls. CPU: ``HIGHEST`` (XLA:CPU computes
+  float32 products exactly whatever it is told); GPU and TPU: None, XLA's default (TF32 on
+  recent NVIDIA GPUs, one bfloat16 pass on TPU): pass a policy with ``HIGHEST`` for exact float32.
+- ``quantized_layout``: how a GGUF-quantized weight sits in device memory at run time (a layout
+  name of :mod:`maxjax.graph.quantization`). CPU with AVX-512: ``"nibbles"`` (4 bits per value;
+  as fast as one byte per value there, for half the memory); CPU without it: ``"unpacked"`` (one
+  byte per value: XLA:CPU's 256-bit code unpacks nibbles slowly); GPU and TPU: ``"unpacked"``.
+- ``weight_left_max_rows``: for ``x @ w.T`` with 2 to this many rows in ``x`` (batched decode),
+  compute ``(w @ x.T).T`` with the weight as the GEMM's left operand, behind an
+  ``optimization_barrier`` so XLA keeps that order (XLA:CPU's GEMM re-lays a ``[out, in]`` right
+  operand on every call). CPU: 16; others: 0 (off).
+- ``dequant_row_chunk``: a quantized weight with more rows than twice this, multiplied by more
+  than one input row, is dequantized and multiplied one block of rows at a time (XLA:CPU otherwise
+  writes the whole float32 weight first; an LM head of 49152 rows costs more in fresh pages than
+  in arithmetic). CPU: 4096; others: 0 (off).
+- ``grouped_attention``: when attention groups the query heads of each KV head instead of
+  repeating the KV heads (Hugging Face's ``repeat_kv``). ``"batched_decode"`` (CPU): only for one
+  new token in each of several rows, where XLA:CPU's dots are fastest that way; ``"always"``
+  (GPU, TPU): never materialise repeated keys and values.
+- ``xla_options``: compiler options for the programs maxjax itself jits (``CausalLM``'s steps,
+  ``InferenceSession`` models), never for functions a user jits. CPU: XNNPACK off (its per-call
+  cost exceeds small matmuls), and 512-bit vectors for float32 programs where the CPU has AVX-512.
+
+``policy_for(platform)`` gives the policy of a platform, a ``jax.Device``, a ``maxjax.driver``
+``Device`` or a ``DeviceRef`` (None: JAX's default backend). A policy is a frozen dataclass:
+``dataclasses.replace(policy_for("gpu"), precision=jax.lax.Precision.HIGHEST)`` makes a variant
+to pass to ``Program(..., policy=...)`` or ``load_model(..., policy=...)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from maxjax.backend.cpu import cpu_features
+
+__all__ = ["BackendPolicy", "policy_for", "cpu_policy", "gpu_policy", "tpu_policy", "platform_of"]
+
+_LAYOUTS = ("packed", "unpacked", "nibbles", "dequantized")
+_GROUPED = ("always", "batched_decode", "never")
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendPolicy:
+    """The backend choices for one platform (see the module docstring for each field).
+
+    Args:
+        platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``.
+        precision: ``lax.Precision`` of float32 matmuls, or None for XLA's default.
+        quantized_layout: ``"nibbles"``, ``"unpacked"``, ``"packed"`` or ``"dequantized"``.
+        weight_left_max_rows: most rows of ``x`` for which ``x @ w.T`` runs weight-left (0: off).
+        dequant_row_chunk: rows per block when a large quantized weight is multiplied (0: off).
+        grouped_attention: ``"always"``, ``"batched_decode"`` or ``"never"``.
+        xla_options: XLA compiler options for maxjax's own jitted programs.
+        wide_vector_options: further options for float32 programs only (the CPU's 512-bit vectors:
+            with bfloat16 activations they moved SmolLM2's logits 0.875 from transformers' own
+            bfloat16 run, against 0.125 without).
+        cpu_features: the host CPU's feature flags the policy was chosen from.
+
+    Raises:
+        ValueError: an unknown ``quantized_layout`` or ``grouped_attention``.
+    """
+
+    platform: str
+    precision: Any = None
+    quantized_layout: str = "unpacked"
+    weight_left_max_rows: int = 0
+    dequant_row_chunk: int = 0
+    grouped_attention: str = "always"
+    xla_options: tuple[tuple[str, Any], ...] = ()
+    wide_vector_options: tuple[tuple[str, Any], ...] = ()
+    cpu_features: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.quantized_layout not in _LAYOUTS:
+            raise ValueError(f"BackendPolicy.quantized_layout must be one of {_LAYOUTS}, got {self.quantized_layout!r}")
+        if self.grouped_attention not in _GROUPED:
+            raise ValueError(f"BackendPolicy.grouped_attention must be one of {_GROUPED}, got {self.grouped_attention!r}")
+
+    # -- compiling ---------------------------------------------------------------------------
+    def compiler_options(self, dtype: Any = np.float32) -> dict[str, Any] | None:
+        """XLA options for a program maxjax jits whose activations are ``dtype`` (None: none)."""
+        opts = dict(self.xla_options)
+        if np.dtype(dtype) == np.float32:
+            opts.update(self.wide_vector_options)
+        return opts or None
+
+    # -- matmuls -----------------------------------------------------------------------------
+    def matmul(self, a: Any, b: Any) -> Any:
+        """``jnp.matmul(a, b)`` at this policy's precision."""
+        return jnp.matmul(a, b, precision=self.precision)
+
+    def einsum(self, spec: str, *operands: Any) -> Any:
+        """``jnp.einsum`` at this policy's precision."""
+        return jnp.einsum(spec, *operands, precision=self.precision)
+
+    def matmul_t(self, x: Any, w: Any) -> Any:
+        """``x @ w.T``: ``x [..., in]``, ``w [out, in]`` -> ``[..., out]``.
+
+        The one place the weight-side products of the linear layers and quantized weights are
+        written. With 2 to :attr:`weight_left_max_rows` rows in ``x`` it runs weight-left (see the
+        module docstring); results are equal up to the order of the float32 sums.
+        """
+        rows = math.prod(x.shape[:-1])  # symbolic while a Graph is built with symbolic dimensions
+        n = self.weight_left_max_rows
+        if n and w.ndim == 2 and isinstance(rows, (int, np.integer)) and 1 < rows <= n:
+            flat = x.reshape(rows, x.shape[-1])
+            y = lax.dot_general(w, flat, (((1,), (1,)), ((), ())), precision=self.precision)
+            return lax.optimization_barrier(y).T.reshape(*x.shape[:-1], w.shape[0])
+        return jnp.matmul(x, w.T, precision=self.precision)
+
+    def row_chunks(self, rows: int, lead: Any) -> int:
+        """How many row blocks a quantized weight of ``rows`` rows is dequantized in when it
+        multiplies ``lead`` input rows (1: the whole weight at once)."""
+        c = self.dequant_row_chunk
+        if c and isinstance(lead, (int, np.integer)) and lead > 1 and rows >= 2 * c and rows % c == 0:
+            return rows // c
+        return 1
+
+    # -- attention ---------------------------------------------------------------------------
+    def attention_grouped(self, batch: Any, seq: Any, groups: Any) -> bool:
+        """Whether attention groups query heads per KV head (True) or repeats KV heads (False).
+
+        Sizes may be symbolic while a graph infers shapes; both layouts give the same shapes.
+        """
+        if groups == 1 or self.grouped_attention == "never":
+            return False
+        if self.grouped_attention == "always":
+            return True
+        return seq == 1 and not batch == 1
+
+
+# -- the policies ------------------------------------------------------------------------------
+
+
+def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
+    """The CPU policy for a CPU with ``features`` (default: this machine's, see :func:`cpu_features`)."""
+    flags = cpu_features() if features is None else frozenset(features)
+    avx512 = "avx512f" in flags
+    return BackendPolicy(
+        platform="cpu",
+        precision=lax.Precision.HIGHEST,
+        quantized_layout="nibbles" if avx512 else "unpacked",
+        weight_left_max_rows=16,
+        dequant_row_chunk=4096,
+        grouped_attention="batched_decode",
+        xla_options=(("xla_cpu_use_xnnpack", False),),
+        wide_vector_options=(("xla_cpu_prefer_vector_width", 512),) if avx512 else (),
+        cpu_features=flags,
+    )
+
+
+def gpu_policy() -> BackendPolicy:
+    """The GPU policy: XLA's defaults, one byte per quantized value, grouped attention."""
+    return BackendPolicy(platform="gpu")
+
+
+def tpu_policy() -> BackendPolicy:
+    """The TPU policy: XLA's defaults, one byte per quantized value, grouped attention."""
+    return BackendPolicy(platform="tpu")
+
+
+def platform_of(where: Any = None) -> str:
+    """``"cpu"``, ``"gpu"`` or ``"tpu"`` for a platform name, a ``jax.Device``, a
+    ``jax.sharding.Sharding``, a ``maxjax`` ``Device``/``DeviceRef`` or None (JAX's default backend).
+
+    Raises:
+        ValueError: a platform maxjax has no policy for.
+    """
+    if where is None:
+        name = jax.default_backend()
+    elif isinstance(where, str):
+        name = where
+    elif isinstance(where, jax.sharding.Sharding):
+        name = next(iter(where.device_set)).platform
+    elif hasattr(where, "platform") and isinstance(where.platform, str):  # jax.Device
+        name = where.platform
+    elif hasattr(where, "jax_device"):  # maxjax.driver.Device
+        name = where.jax_device.platform
+    elif hasattr(where, "device_type"):  # DeviceRef
+        name = str(getattr(where.device_type, "value", where.device_type))
+    else:
+        raise ValueError(f"cannot tell the platform of {where!r}")
+    name = name.lower()
+    name = {"cuda": "gpu", "rocm": "gpu"}.get(name, name)
+    if name not in ("cpu", "gpu", "tpu"):
+        raise ValueError(f"no backend policy for platform {name!r} (maxjax has policies for cpu, gpu and tpu)")
+    return name
+
+
+_FACTORIES: Mapping[str, Any] = {"cpu": cpu_policy, "gpu": gpu_policy, "tpu": tpu_policy}
+
+
+@functools.lru_cache(maxsize=None)
+def _cached(platform: str) -> BackendPolicy:
+    return _FACTORIES[platform]()
+
+
+def policy_for(where: Any = None) -> BackendPolicy:
+    """The policy of a platform, device or sharding (see :func:`platform_of`); None: JAX's default
+    backend. The same object is returned for the same platform.
+
+    Raises:
+        ValueError: a platform maxjax has no policy for.
+    """
+    if isinstance(where, BackendPolicy):
+        return where
+    return _cached(platform_of(where))

@@ -1,0 +1,183 @@
+"""``Program``: a graph as a pure function of prepared weights, ``apply(state, *inputs)``.
+
+The functional form of what ``InferenceSession.load`` runs, and what training and serving code
+jits. ``Program.prepare(registry)`` checks the weights registry against the graph's weights and
+places every array on its device once:
+
+- the weights of ``ops.call`` chains are stacked along a layer axis (``lax.scan`` runs them, see
+  :mod:`maxjax.graph.scan`);
+- a GGUF-quantized weight becomes a :class:`~maxjax.graph.quantization.QuantizedArray` in the
+  layout the backend policy picks for the platform (the program's ``quantized_layout`` when one is
+  given), except that a weight some op reads as raw bytes stays ``packed``.
+
+``Program.apply`` is pure (``jax.jit``, ``jax.grad``, ``jax.vmap`` it freely) and passes the
+program's :class:`~maxjax.backend.BackendPolicy` to the ops that use one while it traces.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maxjax.backend import BackendPolicy, policy_for
+from maxjax.driver import jax_device_of, to_host_array, to_jax_array
+from maxjax.dtype import DType
+from maxjax.graph.graph import Graph, did_you_mean
+from maxjax.graph.quantization import LAYOUTS, to_layout
+from maxjax.graph.scan import chain_shared_keys, evaluate, find_chains, stack_chain_weights
+from maxjax.graph.type import Shape
+
+__all__ = ["Program"]
+
+
+class Program:
+    """A graph as a pure function of prepared weights: ``apply(state, *inputs) -> list[array]``.
+
+    ``state = program.prepare(registry)`` checks and places the weights once;
+    ``program.apply(state, *inputs)`` evaluates the graph; ``program.unstack(tree)`` maps a pytree
+    shaped like ``state`` (e.g. gradients) back to registry names.
+
+    Args:
+        graph: a graph with its output set.
+        scan: lower chains of calls of one subgraph to ``lax.scan`` (True by default).
+        remat: wrap each scanned layer in ``jax.checkpoint`` (less memory when differentiating).
+        quantized_layout: how GGUF-quantized weights sit in memory (a layout of
+            :mod:`maxjax.graph.quantization.arrays`: ``"packed"``, ``"unpacked"``, ``"nibbles"``,
+            ``"dequantized"``); None: the backend policy's choice for the platform.
+        policy: the :class:`~maxjax.backend.BackendPolicy` (default: the policy of ``devices[0]``,
+            or of JAX's default backend).
+        devices: the devices the program runs on (``maxjax.driver.Device``, ``jax.Device`` or
+            ``DeviceRef``); the first is where unplaced weights go.
+
+    Raises:
+        TypeError: ``graph`` is not a maxjax Graph.
+        ValueError: the graph has no output; an unknown ``quantized_layout``.
+    """
+
+    def __init__(
+        self,
+        graph: Graph,
+        *,
+        scan: bool = True,
+        remat: bool = False,
+        quantized_layout: str | None = None,
+        policy: BackendPolicy | None = None,
+        devices: Any = None,
+    ):
+        if not isinstance(graph, Graph):
+            raise TypeError(f"expected a maxjax Graph, got {type(graph).__name__}")
+        if graph._outputs is None:
+            raise ValueError(f"Graph {graph.name!r} has no output: call graph.output(...) before loading it")
+        if quantized_layout is not None and quantized_layout not in LAYOUTS:
+            raise ValueError(f"quantized_layout must be one of {', '.join(map(repr, LAYOUTS))} or None, got {quantized_layout!r}")
+        self.devices = list(devices or ())
+        self.policy = policy_for(policy if policy is not None else (self.devices[0] if self.devices else None))
+        self.graph = graph
+        self.remat = remat
+        self.quantized_layout = quantized_layout or self.policy.quantized_layout
+        self.chains = find_chains(graph) if scan else []
+        stacked_names = {p + k for c in self.chains for k, e in c.sub._weights.items() if e.placeholder for p in c.prefixes}
+        in_chain = {n.id for c in self.chains for n in c.nodes}
+        used = {n.extra.key for n in graph._nodes if n.kind == "weight"}
+        for n in graph._nodes:
+            if n.kind == "call" and n.id not in in_chain:
+                used.update(graph._weight_key(name)[0] for name in n.extra.keys.values())
+        for c in self.chains:
+            used.update(graph._weight_key(k)[0] for k in chain_shared_keys(c))
+        self._plain_keys = sorted(k for k in graph._weights if k in used or k not in stacked_names)
+
+    def check(self, registry: Mapping[str, Any]) -> None:
+        """Checks ``registry`` against every weight the graph needs (name, shape, dtype).
+
+        Raises:
+            ValueError: a weight is missing (with "did you mean") or has a different shape or dtype.
+        """
+        for key, entry in self.graph._weights.items():
+            if key not in registry:
+                raise ValueError(f"Weight {key!r} is not in the weights registry.{did_you_mean(key, registry)}")
+            value = registry[key]
+            w = entry.weight
+            shape = tuple(getattr(value, "shape", np.shape(value)))
+            try:
+                dtype = DType.of(value.dtype)
+            except (ValueError, AttributeError):
+                dtype = DType.from_numpy(np.asarray(value).dtype)
+            bad = []
+            if Shape.is_static(w.shape) and Shape(shape) != w.shape:
+                bad.append(f"shape (expected={tuple(int(d) for d in w.shape)}, actual={shape})")
+            if dtype != w.dtype:
+                bad.append(f"dtype (expected={w.dtype!r}, actual={dtype!r})")
+            if bad:
+                raise ValueError(f"Value for weight {key!r} in the weights registry had different " + " and ".join(bad))
+
+    def prepare(
+        self, registry: Mapping[str, Any], device: Any = None, progress: Callable[[str], None] | None = None
+    ) -> dict[str, Any]:
+        """Checks the registry and returns the state for :meth:`apply`, placed on devices once.
+
+        Each array goes to its weight's ``sharding`` (stacked weights get a leading unsharded
+        layer axis), else its weight's device, else ``device`` (default: the program's first
+        device). ``progress(name)`` is called after each registry entry is placed.
+
+        Returns:
+            ``{"weights": {name: value}, "stacked": [{key: value} per chain]}``: values are
+            ``jax.Array``s, and ``QuantizedArray``s for quantized weights.
+        """
+        self.check(registry)
+        if device is None and self.devices:
+            device = self.devices[0]
+        if device is not None and not isinstance(device, (jax.Device, jax.sharding.Sharding)):
+            device = jax_device_of(device)
+        tick = progress or (lambda name: None)
+        weights = {}
+        for k in self._plain_keys:
+            w = self.graph._weights[k].weight
+            weights[k] = self._place(w, registry[k], self._target(w, device), k in self.graph._packed_only)
+            tick(k)
+        stacked = []
+        for chain in self.chains:
+            arrays = stack_chain_weights(chain, lambda name: to_host_array(registry[name]))
+            placed = {}
+            for k, v in arrays.items():
+                w = chain.sub._weights[k].weight
+                placed[k] = self._place(w, v, self._target(w, device, stacked=True), k in chain.sub._packed_only)
+                for p in chain.prefixes:
+                    tick(p + k)
+            stacked.append(placed)
+        state = {"weights": weights, "stacked": stacked}
+        return jax.block_until_ready(state)  # loaded means loaded: no copy still running behind
+
+    def _place(self, w: Any, value: Any, target: Any, packed_only: bool) -> Any:
+        if w._is_gguf_quantized():
+            layout = "packed" if packed_only else self.quantized_layout
+            packed = jnp.asarray(to_host_array(value))
+            return jax.device_put(to_layout(layout, w.quantization_encoding, packed), target)
+        return to_jax_array(value, target)
+
+    @staticmethod
+    def _target(w: Any, device: Any, stacked: bool = False) -> Any:
+        if w.sharding is not None:
+            if stacked and isinstance(w.sharding, jax.sharding.NamedSharding):
+                P = jax.sharding.PartitionSpec
+                return jax.sharding.NamedSharding(w.sharding.mesh, P(None, *w.sharding.spec))
+            return w.sharding if not stacked else None
+        try:
+            return w.device.jax_device()
+        except ValueError:
+            return device
+
+    def apply(self, state: Mapping[str, Any], *args: Any) -> list[Any]:
+        """Evaluates the graph on ``args`` with prepared ``state`` (pure; jit/grad/vmap it freely)."""
+        return evaluate(self.graph, self.chains, state["weights"], state["stacked"], args, self.remat, self.policy)
+
+    def unstack(self, tree: Mapping[str, Any]) -> dict[str, Any]:
+        """A pytree shaped like :meth:`prepare`'s result (e.g. gradients) by registry name."""
+        out = dict(tree["weights"])
+        for chain, stacked in zip(self.chains, tree["stacked"]):
+            for k, v in stacked.items():
+                for i, p in enumerate(chain.prefixes):
+                    out[p + k] = jax.tree.map(lambda a, i=i: a[i], v)
+        return out

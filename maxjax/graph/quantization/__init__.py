@@ -1,0 +1,49 @@
+"""Quantization (MAX's ``max.graph.quantization``): encodings, GGUF bit layouts, quantized arrays.
+
+- :mod:`~maxjax.graph.quantization.encoding`: :class:`QuantizationEncoding`,
+  :class:`BlockParameters`, :class:`QuantizationConfig`.
+- :mod:`~maxjax.graph.quantization.blocks`: each GGUF block format's bit layout, written once, and
+  :func:`dequantize` (the kernel behind ``ops.dequantize``), bit-identical to the ``gguf`` package.
+- :mod:`~maxjax.graph.quantization.arrays`: :class:`QuantizedArray`, a quantized weight as a typed
+  JAX pytree (logical shape and dtype, encoding, layout; ``dequantize``/``matmul``/``take``), with
+  one class per memory layout: :class:`PackedArray`, :class:`UnpackedArray`, :class:`NibbleArray`,
+  :class:`DequantizedArray`.
+"""
+
+from maxjax.graph.quantization.arrays import (
+    LAYOUTS,
+    NIBBLE_ENCODINGS,
+    DequantizedArray,
+    NibbleArray,
+    PackedArray,
+    QuantizedArray,
+    UnpackedArray,
+    as_quantized,
+    to_layout,
+)
+from maxjax.graph.quantization.blocks import dequantize
+from maxjax.graph.quantization.encoding import (
+    GGUF_ENCODINGS,
+    BlockParameters,
+    QuantizationConfig,
+    QuantizationEncoding,
+    as_encoding,
+)
+
+__all__ = [
+    "BlockParameters",
+    "DequantizedArray",
+    "GGUF_ENCODINGS",
+    "LAYOUTS",
+    "NIBBLE_ENCODINGS",
+    "NibbleArray",
+    "PackedArray",
+    "QuantizationConfig",
+    "QuantizationEncoding",
+    "QuantizedArray",
+    "UnpackedArray",
+    "as_encoding",
+    "as_quantized",
+    "dequantize",
+    "to_layout",
+]

@@ -1,0 +1,455 @@
+"""Quantized weights as typed JAX arrays: :class:`QuantizedArray` and one class per memory layout.
+
+A quantized weight is a registered pytree with its *logical* shape and dtype (the float matrix it
+stands for: ``shape`` ``[..., rows, cols]``, ``dtype`` float32), its :class:`QuantizationEncoding`
+and its layout, and the methods ops need of it:
+
+- :meth:`~QuantizedArray.dequantize`: the float matrix;
+- :meth:`~QuantizedArray.matmul`: ``x @ W.T`` against activations (the backend policy decides how
+  the product is formed, see :mod:`maxjax.backend.policy`);
+- :meth:`~QuantizedArray.take`: rows by index (an embedding lookup), still quantized.
+
+The same weight can sit in memory in several layouts, all bit-identical in their values:
+
+=================  =====================================================================  =================
+layout             leaves                                                                 bytes per value
+=================  =====================================================================  =================
+``packed``         the file's GGUF blocks, uint8 ``[..., rows, bytes_per_row]``           the file's (Q4_1: 0.625)
+``unpacked``       one byte per value ``[..., rows, cols]`` + float32 scales/offsets      ~1.25 (Q4_1)
+``nibbles``        4-bit values, rows paired in a byte ``[..., rows/2, cols]`` + scales   0.5625-0.75
+``dequantized``    the float matrix ``[..., rows, cols]``                                 4 (float32)
+=================  =====================================================================  =================
+
+Leaves may carry leading axes (a stack of layers for ``lax.scan``, whose slices are again
+quantized arrays), and may be ``jax.ShapeDtypeStruct``s: a QuantizedArray of abstract leaves is
+the abstract value a graph records for a quantized weight. Every layout is built from the one
+definition of each GGUF bit layout in :mod:`maxjax.graph.quantization.blocks`.
+
+A new encoding (GPTQ, AWQ, FP8, int8 per channel) is one more subclass that implements
+``_leaves``/``_from_leaves``, ``shape``, ``dequantize`` and ``take`` (``matmul`` then comes from
+the base class), registered with :func:`jax.tree_util.register_pytree_node_class`.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Any, ClassVar, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from maxjax.backend import BackendPolicy, policy_for
+from maxjax.graph.quantization.blocks import _dequantize_jit, check_packed, combine, unpack
+from maxjax.graph.quantization.encoding import QuantizationEncoding, as_encoding
+
+__all__ = [
+    "QuantizedArray",
+    "PackedArray",
+    "UnpackedArray",
+    "NibbleArray",
+    "DequantizedArray",
+    "LAYOUTS",
+    "NIBBLE_ENCODINGS",
+    "as_quantized",
+    "to_layout",
+]
+
+_E = QuantizationEncoding
+
+
+class QuantizedArray:
+    """A quantized weight (see the module docstring). Subclasses are the memory layouts.
+
+    Attributes:
+        encoding: the :class:`QuantizationEncoding` of the values.
+        layout: the layout's name (``"packed"``, ``"unpacked"``, ``"nibbles"``, ``"dequantized"``).
+    """
+
+    layout: ClassVar[str] = ""
+    __slots__ = ("encoding",)
+
+    # -- pytree ----------------------------------------------------------------------------------
+    def _leaves(self) -> tuple[Any, ...]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _from_leaves(self, leaves: Sequence[Any]) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def tree_flatten(self) -> tuple[tuple[Any, ...], QuantizationEncoding]:
+        return self._leaves(), self.encoding
+
+    @classmethod
+    def tree_unflatten(cls, encoding: QuantizationEncoding, leaves: Sequence[Any]) -> "QuantizedArray":
+        obj = object.__new__(cls)
+        obj.encoding = encoding
+        obj._from_leaves(leaves)  # no checks: JAX rebuilds pytrees with placeholder leaves
+        return obj
+
+    # -- the logical array -----------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[Any, ...]:  # pragma: no cover - abstract
+        """The logical (float) shape ``[..., rows, cols]``."""
+        raise NotImplementedError
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The logical dtype: float32, what :meth:`dequantize` gives."""
+        return np.dtype(np.float32)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held in memory by the leaves (what the layout costs)."""
+        return sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in jax.tree.leaves(self))
+
+    @property
+    def bytes_per_value(self) -> float:
+        n = math.prod(self.shape)
+        return self.nbytes / n if n else 0.0
+
+    def abstract(self) -> "QuantizedArray":
+        """The same structure with ``jax.ShapeDtypeStruct`` leaves (keeping their shardings)."""
+        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=getattr(a, "sharding", None)), self)
+
+    # -- what ops need -----------------------------------------------------------------------------
+    def dequantize(self) -> jax.Array:  # pragma: no cover - abstract
+        """The float32 matrix ``[..., rows, cols]``, bit-identical to ``gguf``'s dequantizer."""
+        raise NotImplementedError
+
+    def take(self, indices: Any) -> "QuantizedArray":  # pragma: no cover - abstract
+        """Rows ``indices`` (int, any shape; clamped to the valid range) of a 2-D weight: a
+        QuantizedArray of logical shape ``[*indices.shape, cols]``."""
+        raise NotImplementedError
+
+    def matmul(self, x: Any, policy: BackendPolicy | None = None) -> jax.Array:
+        """``x @ self.dequantize().T`` in float32: ``x [..., cols]`` -> ``[..., rows]``.
+
+        The product is formed by ``policy`` (default: JAX's default backend's): its GEMM operand
+        order, precision, and whether a large weight is dequantized one block of rows at a time.
+
+        Raises:
+            ValueError: this is not a 2-D weight, ``x`` is not float32, or its last axis is not
+                ``cols`` (naming both shapes).
+        """
+        policy = policy_for(policy)
+        if self.ndim != 2:
+            raise ValueError(f"matmul: {self!r} is not a 2-D weight")
+        dtype = getattr(x, "dtype", None)
+        shape = getattr(x, "shape", None)
+        if dtype is None or shape is None:
+            raise ValueError(f"matmul with {self!r}: x must be a float32 array, got {type(x).__name__}")
+        if np.dtype(dtype) != np.float32:
+            raise ValueError(f"matmul with {self!r}: x must be float32, got {np.dtype(dtype)}")
+        rows, cols = self.shape
+        if not shape or not isinstance(shape[-1], (int, np.integer)) or shape[-1] != cols:
+            raise ValueError(f"matmul: x has {shape[-1] if shape else None} features (shape {tuple(shape)}) but {self!r} has {cols} columns")
+        lead = math.prod(shape[:-1])
+        n = policy.row_chunks(rows, lead)
+        if n > 1:  # dequantize and multiply one block of rows at a time
+            blocks = jax.tree.map(lambda a: a.reshape(n, a.shape[0] // n, *a.shape[1:]), self)
+            flat = x.reshape(lead, cols)
+            out = lax.map(lambda w: policy.matmul_t(flat, w.dequantize()), blocks)
+            return jnp.moveaxis(out, 0, 1).reshape(*shape[:-1], rows)
+        return policy.matmul_t(x, self.dequantize())
+
+    # -- construction ------------------------------------------------------------------------------
+    @classmethod
+    def supports(cls, encoding: QuantizationEncoding, shape: Sequence[int]) -> bool:
+        """Whether a weight of ``encoding`` and logical ``shape`` can take this layout."""
+        return encoding.is_gguf
+
+    @classmethod
+    def from_packed(cls, encoding: Any, packed: Any) -> "QuantizedArray":  # pragma: no cover - abstract
+        """This layout of GGUF blocks ``[..., rows, bytes_per_row]`` (leading axes kept)."""
+        raise NotImplementedError
+
+    def packed_bytes(self) -> Any:
+        """The file's GGUF bytes ``[..., rows, bytes_per_row]``: what a MAX program sees as the
+        weight's value. Only the ``packed`` layout has them.
+
+        Raises:
+            ValueError: another layout (the weight was re-laid for speed; ops that read raw bytes
+                need ``quantized_layout="packed"``).
+        """
+        raise ValueError(
+            f"{self!r} holds no GGUF bytes: an op that reads a quantized weight's raw bytes needs the weight in "
+            "quantized_layout='packed'"
+        )
+
+    def __repr__(self) -> str:
+        shape = ", ".join(str(d) for d in self.shape)
+        return f"{type(self).__name__}({self.encoding.value}, [{shape}])"
+
+
+def _check_rows(what: str, encoding: Any, packed: Any) -> QuantizationEncoding:
+    if getattr(packed, "ndim", len(getattr(packed, "shape", ()))) < 2:
+        raise ValueError(f"{what}: packed data must have rank >= 2 [..., rows, bytes_per_row], got shape {tuple(packed.shape)}")
+    flat_shape = (math.prod(packed.shape[:-1]), packed.shape[-1])
+    enc, _ = check_packed(encoding, jax.ShapeDtypeStruct(flat_shape, packed.dtype), what)
+    return enc
+
+
+@jax.tree_util.register_pytree_node_class
+class PackedArray(QuantizedArray):
+    """The file's GGUF blocks as they are: ``data`` uint8 ``[..., rows, bytes_per_row]``.
+
+    The smallest layout (the file's size). XLA fuses the dequantizer into a matrix-vector product,
+    but the block headers make the element addresses irregular, so on CPU it is slower than the
+    other layouts.
+    """
+
+    layout: ClassVar[str] = "packed"
+    __slots__ = ("data",)
+
+    def __init__(self, encoding: Any, data: Any):
+        self.encoding = _check_rows("PackedArray", encoding, data)
+        self.data = data
+
+    def _leaves(self) -> tuple[Any, ...]:
+        return (self.data,)
+
+    def _from_leaves(self, leaves: Sequence[Any]) -> None:
+        (self.data,) = leaves
+
+    @property
+    def shape(self) -> tuple[Any, ...]:
+        return self.encoding.logical_shape(self.data.shape)
+
+    def dequantize(self) -> jax.Array:
+        return _dequantize_jit(self.encoding, self.data)
+
+    def take(self, indices: Any) -> "PackedArray":
+        return PackedArray(self.encoding, jnp.take(self.data, indices, axis=0, mode="clip"))
+
+    @classmethod
+    def from_packed(cls, encoding: Any, packed: Any) -> "PackedArray":
+        return cls(encoding, packed)
+
+    def packed_bytes(self) -> Any:
+        return self.data
+
+
+@jax.tree_util.register_pytree_node_class
+class UnpackedArray(QuantizedArray):
+    """One byte per quantized value plus float32 scales: ``values [..., rows, cols]`` (uint8, or
+    int8 for the symmetric formats), ``scale`` and ``offset`` ``[..., rows, cols // group]``
+    (``offset`` None for Q4_0, Q5_0, Q8_0, Q6_K); the weight is ``scale * values + offset`` per
+    group of ``group`` consecutive values of a row (32; 16 for Q6_K).
+
+    XLA fuses its dequantization into a matrix-vector product as cheaply as an int8 convert, on
+    any CPU: SmolLM2's Q4_1 weights at 1.25 bytes per value (2x the file).
+    """
+
+    layout: ClassVar[str] = "unpacked"
+    __slots__ = ("values", "scale", "offset")
+
+    def __init__(self, encoding: Any, values: Any, scale: Any, offset: Any = None):
+        self.encoding = as_encoding(encoding)
+        self.values, self.scale, self.offset = values, scale, offset
+
+    def _leaves(self) -> tuple[Any, ...]:
+        return (self.values, self.scale, self.offset)
+
+    def _from_leaves(self, leaves: Sequence[Any]) -> None:
+        self.values, self.scale, self.offset = leaves
+
+    @property
+    def shape(self) -> tuple[Any, ...]:
+        return tuple(self.values.shape)
+
+    @property
+    def group(self) -> int:
+        return self.values.shape[-1] // self.scale.shape[-1]
+
+    def dequantize(self) -> jax.Array:
+        *lead, cols = self.values.shape
+        groups = self.scale.shape[-1]
+        q = self.values.reshape(*lead, groups, cols // groups)
+        return combine(q, self.scale, self.offset).reshape(*lead, cols)
+
+    def take(self, indices: Any) -> "UnpackedArray":
+        return jax.tree.map(lambda a: jnp.take(a, indices, axis=0, mode="clip"), self)
+
+    @classmethod
+    def from_packed(cls, encoding: Any, packed: Any) -> "UnpackedArray":
+        enc = _check_rows("UnpackedArray.from_packed", encoding, packed)
+        return _unpacked_jit(enc, packed)
+
+
+@partial(jax.jit, static_argnums=0)
+def _unpacked_jit(enc: QuantizationEncoding, packed: jax.Array) -> UnpackedArray:
+    return UnpackedArray(enc, *unpack(enc, packed))
+
+
+#: the dtype that holds a 4-bit encoding's per-group scales exactly in the nibbles layout
+_NIBBLE_SCALE_DTYPE = {_E.Q4_0: jnp.float16, _E.Q4_1: jnp.float16, _E.Q4_K: jnp.float32}
+#: the encodings the nibbles layout takes (with an even number of rows)
+NIBBLE_ENCODINGS = frozenset(_NIBBLE_SCALE_DTYPE)
+
+
+@jax.tree_util.register_pytree_node_class
+class NibbleArray(QuantizedArray):
+    """A 4-bit weight (Q4_0, Q4_1, Q4_K) kept at 4 bits per value, laid out for SIMD.
+
+    ``values`` is uint8 ``[..., rows // 2, cols]``: byte ``(i, j)`` holds the value of row ``2i``,
+    column ``j`` in its low nibble and that of row ``2i + 1`` in its high nibble. Unpacking is
+    then one shift per row (0 or 4) and a mask, which XLA fuses into its matrix-vector product as
+    it fuses an int8 convert (the file interleaves the nibbles of a row's 32-value blocks
+    instead, which XLA vectorizes only with gathers; splitting a row's two halves across the
+    nibbles makes XLA write the unpacked bytes first). ``scale`` and ``offset`` are
+    ``[..., rows, cols // 32]``: float16 for Q4_0 and Q4_1 (the file's own ``d`` and ``m``) and
+    float32 for Q4_K (``d * sc``, ``-dmin * m``). The weight is ``scale * values + offset`` per
+    group of 32 in float32, or ``scale * (values - 8)`` where ``offset`` is None (Q4_0). Bytes
+    per value: Q4_0 0.5625 and Q4_1 0.625 (the file's own sizes); Q4_K 0.75.
+
+    The idea is llama.cpp's CPU repacking of Q4_0 blocks at load time (``ggml-cpu/repack.cpp``).
+    Taking rows gives an :class:`UnpackedArray` (a row's values no longer pair with another's).
+    """
+
+    layout: ClassVar[str] = "nibbles"
+    __slots__ = ("values", "scale", "offset")
+
+    def __init__(self, encoding: Any, values: Any, scale: Any, offset: Any = None):
+        self.encoding = as_encoding(encoding)
+        self.values, self.scale, self.offset = values, scale, offset
+
+    def _leaves(self) -> tuple[Any, ...]:
+        return (self.values, self.scale, self.offset)
+
+    def _from_leaves(self, leaves: Sequence[Any]) -> None:
+        self.values, self.scale, self.offset = leaves
+
+    @property
+    def shape(self) -> tuple[Any, ...]:
+        v = self.values.shape
+        return (*v[:-2], 2 * v[-2], v[-1])
+
+    def _unpaired(self) -> jax.Array:
+        """The 4-bit values one per byte ``[..., rows, cols]`` (int8 ``q - 8`` for Q4_0)."""
+        shifts = jnp.array([0, 4], jnp.uint8)[:, None]  # low nibble: row 2i, high: row 2i + 1
+        v = (self.values[..., :, None, :] >> shifts) & jnp.uint8(15)  # [..., rows // 2, 2, cols]
+        v = v.reshape(*v.shape[:-3], -1, v.shape[-1])
+        if self.offset is None:  # Q4_0: d * (q - 8), as its unpacker computes it
+            v = v.astype(jnp.int8) - jnp.int8(8)
+        return v
+
+    def dequantize(self) -> jax.Array:
+        return UnpackedArray(self.encoding, self._unpaired(), self.scale, self.offset).dequantize()
+
+    def take(self, indices: Any) -> UnpackedArray:
+        rows = self.shape[-2]
+        idx = jnp.clip(jnp.asarray(indices, jnp.int32), 0, rows - 1)
+        q = (jnp.take(self.values, idx // 2, axis=0) >> (4 * (idx % 2)).astype(jnp.uint8)[..., None]) & jnp.uint8(15)
+        if self.offset is None:  # Q4_0
+            q = q.astype(jnp.int8) - jnp.int8(8)
+        scale, offset = (None if a is None else jnp.take(a, idx, axis=0).astype(jnp.float32) for a in (self.scale, self.offset))
+        return UnpackedArray(self.encoding, q, scale, offset)
+
+    @classmethod
+    def supports(cls, encoding: QuantizationEncoding, shape: Sequence[int]) -> bool:
+        return encoding in NIBBLE_ENCODINGS and len(shape) >= 2 and shape[-2] % 2 == 0
+
+    @classmethod
+    def from_packed(cls, encoding: Any, packed: Any) -> "NibbleArray":
+        """Raises ValueError for another encoding, or an odd number of rows."""
+        enc = _check_rows("NibbleArray.from_packed", encoding, packed)
+        if enc not in NIBBLE_ENCODINGS:
+            raise ValueError(
+                f"NibbleArray.from_packed: {enc.value} does not have 4-bit values (supported: "
+                f"{', '.join(e.value for e in _NIBBLE_SCALE_DTYPE)})"
+            )
+        if packed.shape[-2] % 2:
+            raise ValueError(
+                f"NibbleArray.from_packed: {packed.shape[-2]} rows; rows are packed in pairs, so an even number is needed"
+            )
+        return _nibbles_jit(enc, packed)
+
+
+@partial(jax.jit, static_argnums=0)
+def _nibbles_jit(enc: QuantizationEncoding, packed: jax.Array) -> NibbleArray:
+    values, scale, offset = unpack(enc, packed)
+    if enc == _E.Q4_0:  # unpacked as q - 8: store q (0..15); NibbleArray subtracts the 8 again
+        values = (values + jnp.int8(8)).astype(jnp.uint8)
+    pairs = values[..., 0::2, :] | (values[..., 1::2, :] << jnp.uint8(4))
+    dtype = _NIBBLE_SCALE_DTYPE[enc]
+    return NibbleArray(enc, pairs, scale.astype(dtype), None if offset is None else offset.astype(dtype))
+
+
+@jax.tree_util.register_pytree_node_class
+class DequantizedArray(QuantizedArray):
+    """The dequantized float matrix ``values [..., rows, cols]`` (float32 by default), still
+    typed as a quantized weight of its encoding. 4 bytes per value in float32."""
+
+    layout: ClassVar[str] = "dequantized"
+    __slots__ = ("values",)
+
+    def __init__(self, encoding: Any, values: Any):
+        self.encoding = as_encoding(encoding)
+        self.values = values
+
+    def _leaves(self) -> tuple[Any, ...]:
+        return (self.values,)
+
+    def _from_leaves(self, leaves: Sequence[Any]) -> None:
+        (self.values,) = leaves
+
+    @property
+    def shape(self) -> tuple[Any, ...]:
+        return tuple(self.values.shape)
+
+    def dequantize(self) -> jax.Array:
+        return self.values.astype(jnp.float32)
+
+    def take(self, indices: Any) -> "DequantizedArray":
+        return DequantizedArray(self.encoding, jnp.take(self.values, indices, axis=0, mode="clip"))
+
+    @classmethod
+    def from_packed(cls, encoding: Any, packed: Any) -> "DequantizedArray":
+        enc = _check_rows("DequantizedArray.from_packed", encoding, packed)
+        return cls(enc, _dequantize_jit(enc, packed))
+
+
+#: the layouts by name
+LAYOUTS: dict[str, type[QuantizedArray]] = {
+    cls.layout: cls for cls in (PackedArray, UnpackedArray, NibbleArray, DequantizedArray)
+}
+
+
+def to_layout(layout: str, encoding: Any, packed: Any) -> QuantizedArray:
+    """GGUF blocks ``[..., rows, bytes_per_row]`` in ``layout``, or in ``"unpacked"`` where the
+    weight cannot take it (nibbles of an encoding that is not 4-bit, or of an odd number of rows).
+
+    Raises:
+        ValueError: an unknown layout name, or data that is not whole GGUF blocks.
+    """
+    cls = LAYOUTS.get(layout)
+    if cls is None:
+        raise ValueError(f"unknown quantized layout {layout!r} (layouts: {', '.join(LAYOUTS)})")
+    enc = as_encoding(encoding)
+    if not cls.supports(enc, enc.logical_shape(packed.shape)):
+        cls = UnpackedArray
+    return cls.from_packed(enc, packed)
+
+
+def as_quantized(value: Any, encoding: Any) -> QuantizedArray:
+    """``value`` as a :class:`QuantizedArray`: itself, or raw GGUF bytes (uint8 ``[..., rows,
+    bytes_per_row]``, as a MAX program passes them) wrapped as a :class:`PackedArray`.
+
+    Raises:
+        ValueError: ``value`` is neither (names its type, dtype and shape).
+    """
+    if isinstance(value, QuantizedArray):
+        return value
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and np.dtype(dtype) == np.uint8:
+        return PackedArray(encoding, value)
+    raise ValueError(
+        f"expected a quantized weight ({as_encoding(encoding).value}: a QuantizedArray or uint8 GGUF blocks), got "
+        f"{type(value).__name__} {getattr(value, 'dtype', '')}{list(getattr(value, 'shape', ()))}"
+    )
