@@ -161,7 +161,7 @@ def worker_maxjax(req: dict) -> dict:
     import numpy as np
 
     from maxjax.models import load_model
-    from maxjax.models import causal_lm
+    from maxjax.models import generation as causal_lm
 
     steps, reps, prefill_reps = req["steps"], req["reps"], req["prefill_reps"]
     layout = req.get("layout", "nibbles")

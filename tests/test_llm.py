@@ -203,8 +203,8 @@ def test_hugging_face_directory_and_cache_id_load_the_same_model(lm, tmp_path, m
     import safetensors.numpy
 
     from maxjax.graph.weights import GGUFWeights
-    from maxjax.graph.weights.adapters import llama_from_gguf
-    from maxjax.models.causal_lm import resolve_model_path
+    from maxjax.models import resolve_model_path
+    from maxjax.models.llama import llama_from_gguf
 
     model_dir = tmp_path / "snapshot"
     model_dir.mkdir()

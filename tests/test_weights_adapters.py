@@ -12,19 +12,14 @@ from maxjax import nn
 from maxjax._bundled import minilm_safetensors_path, smollm2_gguf_path
 from maxjax.dtype import DType
 from maxjax.graph.quantization import QuantizationEncoding
-from maxjax.graph.weights import (
-    GGUFWeights,
-    SafetensorWeights,
-    WeightData,
-    bert_from_hf,
-    llama_from_gguf,
-    llama_from_hf,
-)
-from maxjax.graph.weights.adapters import (
+from maxjax.graph.weights import GGUFWeights, SafetensorWeights, WeightData
+from maxjax.graph.weights.adapters import map_names, rename
+from maxjax.models.bert import bert_from_hf
+from maxjax.models.llama.weights import (
     LLAMA_GGUF_NAMES,
     llama_cpp_permute_rows_index,
-    map_names,
-    rename,
+    llama_from_gguf,
+    llama_from_hf,
     unpermute_rows,
     unpermute_rows_index,
 )

@@ -7,10 +7,10 @@ from maxjax.nn.layer import HookHandle, Layer, LayerList, LayerV2, LoadStateDict
 from maxjax.nn.linear import MLP, Linear
 from maxjax.nn.norm import LayerNorm, RMSNorm
 from maxjax.nn.rotary_embedding import RotaryEmbedding
-from maxjax.nn.transformer import Transformer, TransformerBlock
+from maxjax.nn.transformer import TransformerBlock
 
 __all__ = [
-    "AttentionWithRope", "RotaryEmbedding", "Transformer", "TransformerBlock",
+    "AttentionWithRope", "RotaryEmbedding", "TransformerBlock",
     "Embedding", "HookHandle", "Layer", "LayerList", "LayerNorm", "LayerV2", "Linear", "LoadStateDictResult",
     "MLP", "Module", "RMSNorm", "Sequential", "abstract_state", "functional_call", "state",
 ]  # fmt: skip

@@ -6,23 +6,15 @@
   :class:`GGUFWeights` (quantized tensors stay packed), :class:`OrbaxWeights` (orbax checkpoints of
   a module's state; see :func:`save_state` / :func:`restore_state`).
 - :func:`load_weights` / :func:`weights_format` / :class:`WeightsFormat`: pick the reader.
-- ``WeightsAdapter`` and the adapters of :mod:`maxjax.graph.weights.adapters`
-  (:func:`llama_from_gguf`, :func:`llama_from_hf`, :func:`bert_from_hf`).
+- ``WeightsAdapter`` and the name-table machinery of :mod:`maxjax.graph.weights.adapters`
+  (each architecture's tables live in its folder of :mod:`maxjax.models`).
 
 Every reader is lazy (headers at construction, tensor data at ``data()``/``allocate()``), keeps one
 memory map per file, and raises :class:`WeightsFileError` (a ``ValueError`` naming the file and the
 defect) for files it cannot read.
 """
 
-from maxjax.graph.weights.adapters import (
-    BERT_HF_NAMES,
-    LLAMA_GGUF_NAMES,
-    LLAMA_HF_NAMES,
-    WeightsAdapter,
-    bert_from_hf,
-    llama_from_gguf,
-    llama_from_hf,
-)
+from maxjax.graph.weights.adapters import WeightsAdapter
 from maxjax.graph.weights.errors import WeightsFileError
 from maxjax.graph.weights.format import WeightsFormat, load_weights, weights_format
 from maxjax.graph.weights.gguf import GGUFWeights
@@ -33,10 +25,7 @@ from maxjax.graph.weights.summary import TensorInfo, WeightsSummary, summarize
 from maxjax.graph.weights.weight_data import WeightData
 
 __all__ = [
-    "BERT_HF_NAMES",
     "GGUFWeights",
-    "LLAMA_GGUF_NAMES",
-    "LLAMA_HF_NAMES",
     "OrbaxWeights",
     "SafetensorWeights",
     "TensorInfo",
@@ -46,9 +35,6 @@ __all__ = [
     "WeightsFileError",
     "WeightsFormat",
     "WeightsSummary",
-    "bert_from_hf",
-    "llama_from_gguf",
-    "llama_from_hf",
     "load_weights",
     "restore_state",
     "save_state",

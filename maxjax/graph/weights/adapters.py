@@ -1,18 +1,13 @@
-"""Weights adapters: checkpoint names (and layouts) -> maxjax module names.
+"""Weights adapters: checkpoint names -> module names, the machinery every architecture uses.
 
 A ``WeightsAdapter`` (MAX's ``Callable[..., dict[str, WeightData]]``) takes a checkpoint's
-``Weights`` and returns ``{maxjax name: WeightData}`` for ``module.load_state_dict``.
+``Weights`` and returns ``{module name: WeightData}`` for ``module.load_state_dict``.
 
-The name mappings are data: tables of ``(regex over the checkpoint name, replacement)`` pairs
-(:data:`LLAMA_GGUF_NAMES`, :data:`LLAMA_HF_NAMES`, :data:`BERT_HF_NAMES`), applied by
-:func:`rename`; a replacement of None drops the tensor (e.g. rotary tables that are recomputed).
-A name no row matches is an error, so a checkpoint of another architecture is not half-loaded.
-
-llama.cpp stores Q and K of llama models with their rows permuted for its rotary layout
-(``convert_hf_to_gguf.py``: ``w.reshape(n_head, 2, out // n_head // 2, in).swapaxes(1, 2)``);
-:func:`llama_from_gguf` undoes it as Hugging Face does (``w.reshape(n_head, head_dim // 2, 2,
-in).swapaxes(1, 2)``). It is a permutation of whole rows, and every row of a GGUF-quantized matrix
-is a whole number of blocks, so it is applied to the packed rows: quantized weights stay packed.
+The name mappings are data: tables of ``(regex over the checkpoint name, replacement)`` pairs,
+applied by :func:`rename`; a replacement of None drops the tensor (e.g. rotary tables that are
+recomputed). A name no row matches is an error, so a checkpoint of another architecture is not
+half-loaded. Each architecture's tables and layout fixes live in its folder of
+:mod:`maxjax.models` (``maxjax.models.llama.weights``, ``maxjax.models.bert.weights``).
 """
 
 from __future__ import annotations
@@ -20,65 +15,14 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-import jax.numpy as jnp
-import numpy as np
-
-from maxjax.driver import Buffer
 from maxjax.graph.weights.weight_data import WeightData
 
-__all__ = [
-    "WeightsAdapter",
-    "NameTable",
-    "LLAMA_GGUF_NAMES",
-    "LLAMA_HF_NAMES",
-    "BERT_HF_NAMES",
-    "rename",
-    "map_names",
-    "unpermute_rows_index",
-    "llama_cpp_permute_rows_index",
-    "unpermute_rows",
-    "llama_from_gguf",
-    "llama_from_hf",
-    "bert_from_hf",
-]
+__all__ = ["WeightsAdapter", "NameTable", "adapt", "map_names", "rename"]
 
 #: MAX's adapter type: any callable returning ``{name: WeightData}``.
 WeightsAdapter = Callable[..., dict[str, WeightData]]
 #: ``(pattern, replacement)`` rows; the pattern must match the whole name; None drops the tensor.
 NameTable = Sequence[tuple[str, str | None]]
-
-#: GGUF llama tensor names (llama.cpp's) -> maxjax llama module names.
-LLAMA_GGUF_NAMES: NameTable = (
-    (r"token_embd\.weight", "embed_tokens.weight"),
-    (r"blk\.(\d+)\.attn_q\.weight", r"layers.\1.self_attn.q_proj.weight"),
-    (r"blk\.(\d+)\.attn_k\.weight", r"layers.\1.self_attn.k_proj.weight"),
-    (r"blk\.(\d+)\.attn_v\.weight", r"layers.\1.self_attn.v_proj.weight"),
-    (r"blk\.(\d+)\.attn_output\.weight", r"layers.\1.self_attn.o_proj.weight"),
-    (r"blk\.(\d+)\.ffn_gate\.weight", r"layers.\1.mlp.gate_proj.weight"),
-    (r"blk\.(\d+)\.ffn_up\.weight", r"layers.\1.mlp.up_proj.weight"),
-    (r"blk\.(\d+)\.ffn_down\.weight", r"layers.\1.mlp.down_proj.weight"),
-    (r"blk\.(\d+)\.attn_norm\.weight", r"layers.\1.input_layernorm.weight"),
-    (r"blk\.(\d+)\.ffn_norm\.weight", r"layers.\1.post_attention_layernorm.weight"),
-    (r"output_norm\.weight", "norm.weight"),
-    (r"output\.weight", "lm_head.weight"),
-    (r"rope_freqs\.weight", None),  # Llama 3 rope scaling factors (LlamaConfig refuses rope scaling)
-)
-
-#: Hugging Face ``LlamaForCausalLM`` tensor names -> maxjax llama module names.
-LLAMA_HF_NAMES: NameTable = (
-    (r"model\.embed_tokens\.weight", "embed_tokens.weight"),
-    (r"model\.layers\.(\d+)\.self_attn\.([qkvo])_proj\.weight", r"layers.\1.self_attn.\2_proj.weight"),
-    (r"model\.layers\.(\d+)\.mlp\.(gate|up|down)_proj\.weight", r"layers.\1.mlp.\2_proj.weight"),
-    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"layers.\1.input_layernorm.weight"),
-    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"layers.\1.post_attention_layernorm.weight"),
-    (r"model\.norm\.weight", "norm.weight"),
-    (r"lm_head\.weight", "lm_head.weight"),
-    (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq", None),  # recomputed
-)
-
-#: Hugging Face BERT names (``BertModel``, as in sentence-transformers' ``model.safetensors``) are
-#: maxjax's: the identity, also accepting ``BertForXxx``'s ``bert.`` prefix.
-BERT_HF_NAMES: NameTable = ((r"(?:bert\.)?(.+)", r"\1"),)
 
 _COMPILED: dict[str, re.Pattern[str]] = {}
 
@@ -135,42 +79,6 @@ def map_names(names: Iterable[str], table: NameTable) -> dict[str, str]:
     return out
 
 
-def unpermute_rows_index(rows: int, n_head: int) -> np.ndarray:
-    """Row order that undoes llama.cpp's Q/K permutation: ``w_hf = w_gguf[index]``.
-
-    Equal to HF's ``w.reshape(n_head, head_dim // 2, 2, in).swapaxes(1, 2).reshape(rows, in)``.
-
-    Raises:
-        ValueError: ``rows`` is not ``n_head`` heads of an even size.
-    """
-    if n_head <= 0 or rows % n_head or (rows // n_head) % 2:
-        raise ValueError(f"cannot un-permute {rows} rows as {n_head} heads of an even size")
-    return np.arange(rows).reshape(n_head, rows // n_head // 2, 2).swapaxes(1, 2).reshape(rows)
-
-
-def llama_cpp_permute_rows_index(rows: int, n_head: int) -> np.ndarray:
-    """llama.cpp's Q/K permutation (HF -> GGUF): ``w_gguf = w_hf[index]``; the inverse of
-    :func:`unpermute_rows_index`."""
-    if n_head <= 0 or rows % n_head or (rows // n_head) % 2:
-        raise ValueError(f"cannot permute {rows} rows as {n_head} heads of an even size")
-    return np.arange(rows).reshape(n_head, 2, rows // n_head // 2).swapaxes(1, 2).reshape(rows)
-
-
-def unpermute_rows(wd: WeightData, n_head: int, name: str | None = None) -> WeightData:
-    """``wd`` with llama.cpp's Q/K row permutation undone; packed data stays packed.
-
-    Raises:
-        ValueError: the rows are not ``n_head`` heads of an even size.
-    """
-    rows = int(wd.shape[0])
-    logical_rows = int(wd.original_shape[0]) if wd.original_shape is not None else rows
-    if logical_rows != rows:
-        raise ValueError(f"{wd.name!r}: packed rows ({rows}) are not the matrix rows ({logical_rows})")
-    index = unpermute_rows_index(rows, n_head)
-    data = jnp.take(wd.to_jax(), jnp.asarray(index, dtype=jnp.int32), axis=0)
-    return WeightData(Buffer(data), name or wd.name, wd.dtype, wd.shape, wd.quantization_encoding, wd.original_shape)
-
-
 def _sources(weights: Any) -> list[tuple[str, Callable[[], WeightData]]]:
     """``(name, loader)`` of every tensor of a Weights source or a ``{name: Weights | WeightData}``."""
     if isinstance(weights, Mapping):
@@ -184,9 +92,21 @@ def _sources(weights: Any) -> list[tuple[str, Callable[[], WeightData]]]:
     return [(n, v.data) for n, v in weights.items()]
 
 
-def _adapt(
-    weights: Any, table: NameTable, permute: Mapping[str, int] | None = None
+def adapt(
+    weights: Any, table: NameTable, transform: Callable[[str, WeightData], WeightData] | None = None
 ) -> dict[str, WeightData]:
+    """``{target name: WeightData}`` of every tensor ``table`` keeps (see :func:`map_names`), each
+    renamed, and passed through ``transform(target, wd)`` when one is given (a layout fix such as
+    llama.cpp's Q/K row order). Tensors are loaded one at a time.
+
+    Args:
+        weights: a ``Weights`` source, or a mapping of names to ``Weights``/``WeightData``.
+        table: the name table.
+        transform: ``(target name, WeightData) -> WeightData``, or None.
+
+    Raises:
+        ValueError: names no row matches, or two names mapped to one target.
+    """
     sources = _sources(weights)
     mapping = map_names([n for n, _ in sources], table)
     out: dict[str, WeightData] = {}
@@ -195,65 +115,6 @@ def _adapt(
         if target is None:
             continue
         wd = load()
-        n_head = None
-        if permute:
-            for suffix, heads in permute.items():
-                if target.endswith(suffix):
-                    n_head = heads
-        if n_head is not None:
-            wd = unpermute_rows(wd, n_head, target)
-        else:
-            wd = WeightData(wd.data, target, wd.dtype, wd.shape, wd.quantization_encoding, wd.original_shape)
-        out[target] = wd
+        wd = WeightData(wd.data, target, wd.dtype, wd.shape, wd.quantization_encoding, wd.original_shape)
+        out[target] = transform(target, wd) if transform is not None else wd
     return out
-
-
-def _gguf_heads(weights: Any, n_head: int | None, n_kv_head: int | None) -> tuple[int, int]:
-    if n_head is not None and n_kv_head is not None:
-        return n_head, n_kv_head
-    meta = getattr(weights, "metadata", None)
-    if not isinstance(meta, Mapping):
-        raise ValueError("pass n_head and n_kv_head: the weights have no GGUF metadata to read them from")
-    arch = meta.get("general.architecture", "llama")
-    try:
-        heads = int(meta[f"{arch}.attention.head_count"]) if n_head is None else n_head
-    except KeyError:
-        raise ValueError(f"the GGUF metadata has no {arch}.attention.head_count; pass n_head") from None
-    kv = meta.get(f"{arch}.attention.head_count_kv", heads) if n_kv_head is None else n_kv_head
-    return heads, int(kv)
-
-
-def llama_from_gguf(
-    weights: Any, *, n_head: int | None = None, n_kv_head: int | None = None
-) -> dict[str, WeightData]:
-    """A llama GGUF checkpoint (llama.cpp names) as maxjax llama names, Q/K rows un-permuted.
-
-    Args:
-        weights: a ``GGUFWeights`` (root view), or a mapping of its names to Weights/WeightData.
-        n_head: query heads (default: the file's ``{arch}.attention.head_count``).
-        n_kv_head: key/value heads (default: ``{arch}.attention.head_count_kv``).
-
-    Returns:
-        ``{maxjax name: WeightData}`` (quantized weights packed, with their encodings);
-        ``lm_head.weight`` only when the file has ``output.weight`` (absent with tied embeddings).
-
-    Raises:
-        ValueError: a tensor name that is not llama's, or head counts that do not divide Q/K.
-    """
-    heads, kv = _gguf_heads(weights, n_head, n_kv_head)
-    return _adapt(weights, LLAMA_GGUF_NAMES, {"self_attn.q_proj.weight": heads, "self_attn.k_proj.weight": kv})
-
-
-def llama_from_hf(weights: Any) -> dict[str, WeightData]:
-    """A Hugging Face llama checkpoint (``model.layers.N...``) as maxjax llama names.
-
-    Raises:
-        ValueError: a tensor name that is not llama's.
-    """
-    return _adapt(weights, LLAMA_HF_NAMES)
-
-
-def bert_from_hf(weights: Any) -> dict[str, WeightData]:
-    """A Hugging Face BERT checkpoint as maxjax BERT names (the file's names; a ``bert.`` prefix
-    is dropped): every tensor, as stored."""
-    return _adapt(weights, BERT_HF_NAMES)

@@ -1,8 +1,7 @@
-"""Llama-architecture decoder models (SmolLM2, Llama 2/3, ...) assembled from ``maxjax.nn``.
+"""``LlamaConfig``: Llama hyperparameters (Hugging Face's names) from a GGUF or a ``config.json``.
 
 Hyperparameters come from the checkpoint (GGUF metadata keys ``{arch}.block_count``, ...; or a
-Hugging Face ``config.json``), never hard-coded. The module is :class:`maxjax.nn.Transformer`
-with Hugging Face / MAX weight names (``layers.N.self_attn.q_proj.weight``, ...).
+Hugging Face ``config.json``), never hard-coded.
 """
 
 from __future__ import annotations
@@ -10,20 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-from maxjax.dtype import DType
-from maxjax.graph.type import DeviceRef
-from maxjax.nn import (
-    MLP,
-    AttentionWithRope,
-    Embedding,
-    Linear,
-    RMSNorm,
-    RotaryEmbedding,
-    Transformer,
-    TransformerBlock,
-)
-
-__all__ = ["LlamaConfig", "build_llama", "SUPPORTED_GGUF_ARCHITECTURES"]
+__all__ = ["LlamaConfig", "SUPPORTED_GGUF_ARCHITECTURES"]
 
 #: GGUF ``general.architecture`` values that load into this module.
 SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
@@ -90,6 +76,19 @@ class LlamaConfig:
         )
 
     @classmethod
+    def from_gguf(cls, weights: Any, source: str) -> "LlamaConfig":
+        """From an open ``GGUFWeights``: its metadata, and whether it has an output head of its own.
+
+        Raises:
+            ValueError: see :meth:`from_gguf_metadata`; Llama 3 rope frequency scaling
+                (``rope_freqs.weight``), which is not supported.
+        """
+        config = cls.from_gguf_metadata(weights.metadata, weights.output.weight.exists(), source=source)
+        if weights["rope_freqs"]["weight"].exists():
+            raise ValueError(f"{source}: Llama 3 rope frequency scaling (rope_freqs.weight) is not supported")
+        return config
+
+    @classmethod
     def from_hf_config(cls, cfg: Mapping[str, Any], source: str = "config.json") -> "LlamaConfig":
         """From a Hugging Face ``config.json`` of a ``LlamaForCausalLM``.
 
@@ -121,36 +120,3 @@ class LlamaConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def build_llama(config: LlamaConfig, dtype: DType = DType.float32, device: DeviceRef | None = None) -> Transformer:
-    """A :class:`~maxjax.nn.Transformer` for ``config`` with unloaded weights.
-
-    Quantized checkpoints load with ``load_state_dict(..., override_quantization_encoding=True)``:
-    each weight takes the packed dtype, shape and encoding of its value.
-    """
-    device = device or DeviceRef.CPU()
-    c = config
-    rope = RotaryEmbedding(c.hidden_size, c.num_attention_heads, c.rope_theta, c.max_position_embeddings, head_dim=c.head_dim)
-    layers = []
-    for _ in range(c.num_hidden_layers):
-        attn = AttentionWithRope(
-            c.num_attention_heads, c.num_key_value_heads, c.hidden_size, rope, DType.float32, [device], head_dim=c.head_dim
-        )
-        mlp = MLP(DType.float32, None, c.hidden_size, c.intermediate_size, [device])
-        layers.append(
-            TransformerBlock(
-                attn,
-                mlp,
-                RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, multiply_before_cast=False, device=device),
-                RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, multiply_before_cast=False, device=device),
-            )
-        )
-    return Transformer(
-        Embedding(c.vocab_size, c.hidden_size, DType.float32, device),
-        layers,
-        RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, multiply_before_cast=False, device=device),
-        Linear(c.hidden_size, c.vocab_size, DType.float32, device),
-        tie_word_embeddings=c.tie_word_embeddings,
-        dtype=dtype,
-    )

@@ -1,4 +1,4 @@
-"""``maxjax generate "PROMPT"``: stream a model's continuation, then a one-line summary.
+"""``maxjax generate PROMPT``: stream a model's continuation, then a one-line summary.
 
     maxjax generate "The quick brown fox"                    # bundled SmolLM2, greedy
     maxjax generate --chat "What is the capital of France?"
@@ -13,7 +13,12 @@ import time
 
 from maxjax.dtype import DType
 
+from maxjax.cli.errors import CLIError
+
 __all__ = ["configure", "run"]
+
+#: how the CLI spells the sampling parameters in messages
+_FLAG_NAMES = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
 
 _DTYPES = {"float32": DType.float32, "bfloat16": DType.bfloat16}
 _LAYOUTS = ("auto", "nibbles", "unpacked", "packed", "dequantized")
@@ -46,15 +51,20 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from maxjax.models.sampling import check_sampling
+
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     if not args.prompt:
         raise ValueError("the prompt is empty")
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-    if not 0 < args.top_p <= 1:
-        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
-    from maxjax.models.causal_lm import load_model
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as surrogate escapes
+        bad = args.prompt[e.start]
+        byte = f"0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else repr(bad)
+        raise CLIError(f"PROMPT is not valid UTF-8 text: byte {byte} at character {e.start}") from None
+    check_sampling(args.temperature, args.top_k, args.top_p, args.seed, names=_FLAG_NAMES)
+    from maxjax.models import load_model
 
     t0 = time.perf_counter()
     lm = load_model(

@@ -1,9 +1,4 @@
-"""The ``maxjax`` command line.
-
-Each subcommand is one :class:`Subcommand` in :data:`SUBCOMMANDS`: a function that adds its
-arguments to an ``argparse`` parser and a function that runs it (returning the exit status). On
-bad input a subcommand raises ``ValueError``/``OSError`` (or :class:`CLIError`); :func:`main`
-prints a one-line error to stderr and exits with status 1, without a traceback.
+"""``maxjax inspect PATH...``: a checkpoint's metadata and every tensor (name, shape, dtype/encoding, bytes).
 
     maxjax inspect model.gguf                 # metadata and every tensor, like gguf-dump
     maxjax inspect model.safetensors --filter 'layers\\.0\\.'
@@ -16,30 +11,14 @@ import json
 import os
 import re
 import sys
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
-__all__ = ["main", "CLIError", "Subcommand", "SUBCOMMANDS", "build_parser"]
+from maxjax.cli.errors import CLIError
 
-
-class CLIError(Exception):
-    """A user error a subcommand reports as one line (exit status 1)."""
+__all__ = ["configure", "run"]
 
 
-@dataclass(frozen=True)
-class Subcommand:
-    """One ``maxjax`` subcommand: its name, one-line help, argument setup and runner."""
-
-    name: str
-    help: str
-    configure: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
-
-
-# -- inspect ---------------------------------------------------------------------------------------
-
-
-def _inspect_arguments(p: argparse.ArgumentParser) -> None:
+def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "paths",
         nargs="+",
@@ -91,7 +70,7 @@ def _console() -> Any:
     return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
 
 
-def cmd_inspect(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """``maxjax inspect PATH...``: metadata and every tensor (name, shape, dtype/encoding, bytes)."""
     from maxjax.graph.weights import load_weights, summarize
 
@@ -150,69 +129,3 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         files = f"; file(s) {_human(size)}" if size else ""
         console.print(f"{len(tensors)} tensor(s) shown, {_human(shown)} of tensor data{files}")
     return 0
-
-
-def _generate_arguments(p: argparse.ArgumentParser) -> None:
-    from maxjax.models import generate_command
-
-    generate_command.configure(p)
-
-
-def cmd_generate(args: argparse.Namespace) -> int:
-    from maxjax.models import generate_command
-
-    return generate_command.run(args)
-
-
-#: The subcommands, in the order ``maxjax --help`` lists them.
-SUBCOMMANDS: list[Subcommand] = [
-    Subcommand("generate", "generate text with a language model (default: the bundled SmolLM2)", _generate_arguments, cmd_generate),
-    Subcommand("inspect", "list a checkpoint's metadata and tensors (GGUF, safetensors, orbax)", _inspect_arguments, cmd_inspect),
-]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``maxjax`` argument parser, one sub-parser per entry of :data:`SUBCOMMANDS`."""
-    parser = argparse.ArgumentParser(prog="maxjax", description="maxjax: MAX's Python API on JAX")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for cmd in SUBCOMMANDS:
-        p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
-        cmd.configure(p)
-        p.set_defaults(_run=cmd.run)
-    return parser
-
-
-def _one_line(e: BaseException) -> str:
-    text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-    text = " ".join(str(text).split())
-    return text or type(e).__name__
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Runs ``maxjax`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
-
-    0: success; 1: bad input (a one-line error on stderr); 2: bad usage (argparse's message).
-    """
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    run = getattr(args, "_run", None)
-    if run is None:
-        parser.print_help(sys.stderr)
-        return 2
-    try:
-        return int(run(args) or 0)
-    except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
-        try:
-            sys.stdout = open(os.devnull, "w")
-        except OSError:  # pragma: no cover
-            pass
-        return 0
-    except (CLIError, ValueError, OSError, KeyError) as e:
-        print(f"maxjax {args.command}: error: {_one_line(e)}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -1,0 +1,7 @@
+"""``python -m maxjax.cli``: the same as the ``maxjax`` command."""
+
+import sys
+
+from maxjax.cli import main
+
+sys.exit(main())

@@ -1,0 +1,25 @@
+"""Llama (and Llama-architecture models such as SmolLM2): config, weight names, model.
+
+Registered in :mod:`maxjax.models.registry` as ``"llama"`` (GGUF ``general.architecture`` "llama";
+Hugging Face ``LlamaForCausalLM``).
+"""
+
+from maxjax.models.llama.config import SUPPORTED_GGUF_ARCHITECTURES, LlamaConfig
+from maxjax.models.llama.model import LlamaForCausalLM, build_llama
+from maxjax.models.llama.weights import LLAMA_GGUF_NAMES, LLAMA_HF_NAMES, llama_from_gguf, llama_from_hf
+from maxjax.models.registry import Architecture, register
+
+register(
+    Architecture(
+        name="llama",
+        gguf_architectures=SUPPORTED_GGUF_ARCHITECTURES,
+        hf_architectures=("LlamaForCausalLM", "llama"),
+        config_from_gguf=LlamaConfig.from_gguf,
+        config_from_hf=LlamaConfig.from_hf_config,
+        weights_from_gguf=lambda weights, c: llama_from_gguf(weights, n_head=c.num_attention_heads, n_kv_head=c.num_key_value_heads),
+        weights_from_hf=lambda weights, c: llama_from_hf(weights),
+        build=build_llama,
+    )
+)
+
+__all__ = ["LLAMA_GGUF_NAMES", "LLAMA_HF_NAMES", "LlamaConfig", "LlamaForCausalLM", "build_llama", "llama_from_gguf", "llama_from_hf"]

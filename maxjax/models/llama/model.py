@@ -1,0 +1,105 @@
+"""The Llama decoder (SmolLM2, Llama 2/3, ...) assembled from ``maxjax.nn`` layers.
+
+:class:`LlamaForCausalLM` runs its layers MAX's way: one subgraph built from layer 0
+(``build_subgraph``), called once per layer with ``ops.call(..., prefix="layers.{i}.")``. In a
+graph, that chain is lowered to one ``lax.scan`` (``maxjax.graph.scan``), so the model compiles
+as one layer whatever its depth. Weight names are Hugging Face's without the ``model.`` prefix
+(``layers.N.self_attn.q_proj.weight``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from maxjax.dtype import DType
+from maxjax.graph import DeviceRef, ops
+from maxjax.models.llama.config import LlamaConfig
+from maxjax.nn import MLP, AttentionWithRope, Embedding, LayerList, Linear, Module, RMSNorm, RotaryEmbedding, TransformerBlock
+
+__all__ = ["LlamaForCausalLM", "build_llama"]
+
+
+class LlamaForCausalLM(Module):
+    """A Llama decoder with a KV cache: token embedding, decoder layers, final norm and output head
+    (Hugging Face's ``LlamaForCausalLM``).
+
+    Weight names: ``embed_tokens.weight``, ``layers.N.*``, ``norm.weight``, ``lm_head.weight``
+    (with ``tie_word_embeddings`` the head shares ``embed_tokens.weight`` via
+    ``set_shared_weight`` and has no key of its own).
+
+    ``__call__(tokens, positions, k_cache, v_cache, last_index)``:
+        tokens, positions int32 ``[batch, seq]``; k_cache ``[n_layers, batch, n_kv, head_dim, max_seq]``,
+        v_cache ``[n_layers, batch, n_kv, max_seq, head_dim]`` (see :mod:`maxjax.nn.attention`);
+        last_index int32 ``[batch]``: which position's logits to return for each row.
+        Returns ``(logits float32 [batch, vocab], k_cache, v_cache)``.
+    """
+
+    def __init__(
+        self,
+        embed_tokens: Embedding,
+        layers: list[TransformerBlock],
+        norm: RMSNorm,
+        lm_head: Linear,
+        tie_word_embeddings: bool = False,
+        dtype: DType = DType.float32,
+    ):
+        super().__init__()
+        self.embed_tokens = embed_tokens
+        self.layers = LayerList(layers)
+        self.norm = norm
+        self.lm_head = lm_head
+        self.dtype = dtype
+        if tie_word_embeddings:
+            lm_head.set_shared_weight("weight", embed_tokens.weight)
+
+    def __call__(self, tokens: Any, positions: Any, k_cache: Any, v_cache: Any, last_index: Any) -> tuple[Any, Any, Any]:
+        h = self.embed_tokens(tokens)
+        if h.dtype != self.dtype:
+            h = ops.cast(h, self.dtype)
+        layer_idx = [ops.constant(i, DType.int32) for i in range(len(self.layers))]
+        block = self.layers[0].build_subgraph(
+            "decoder_layer",
+            [h.type, k_cache.type, v_cache.type, layer_idx[0].type, positions.type],
+            weight_prefix="layers.0.",
+        )
+        for i in range(len(self.layers)):
+            h, k_cache, v_cache = (
+                v.tensor for v in ops.call(block, h, k_cache, v_cache, layer_idx[i], positions, prefix=f"layers.{i}.")
+            )
+        h = self.norm(h)
+        last = ops.gather_nd(h, ops.unsqueeze(ops.cast(last_index, DType.int32), -1), batch_dims=1)  # [batch, hidden]
+        logits = ops.cast(self.lm_head(last), DType.float32)
+        return logits, k_cache, v_cache
+
+
+def build_llama(config: LlamaConfig, dtype: DType = DType.float32, device: DeviceRef | None = None) -> LlamaForCausalLM:
+    """A :class:`LlamaForCausalLM` for ``config`` with unloaded weights.
+
+    Quantized checkpoints load with ``load_state_dict(..., override_quantization_encoding=True)``:
+    each weight takes the packed dtype, shape and encoding of its value.
+    """
+    device = device or DeviceRef.CPU()
+    c = config
+    rope = RotaryEmbedding(c.hidden_size, c.num_attention_heads, c.rope_theta, c.max_position_embeddings, head_dim=c.head_dim)
+    layers = []
+    for _ in range(c.num_hidden_layers):
+        attn = AttentionWithRope(
+            c.num_attention_heads, c.num_key_value_heads, c.hidden_size, rope, DType.float32, [device], head_dim=c.head_dim
+        )
+        mlp = MLP(DType.float32, None, c.hidden_size, c.intermediate_size, [device])
+        layers.append(
+            TransformerBlock(
+                attn,
+                mlp,
+                RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, multiply_before_cast=False, device=device),
+                RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, multiply_before_cast=False, device=device),
+            )
+        )
+    return LlamaForCausalLM(
+        Embedding(c.vocab_size, c.hidden_size, DType.float32, device),
+        layers,
+        RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, multiply_before_cast=False, device=device),
+        Linear(c.hidden_size, c.vocab_size, DType.float32, device),
+        tie_word_embeddings=c.tie_word_embeddings,
+        dtype=dtype,
+    )

@@ -1,0 +1,100 @@
+"""The architectures ``load_model`` knows, each one :class:`Architecture` registered by its folder.
+
+Adding an architecture (Qwen2, Mistral, ...) is a folder of its own under ``maxjax/models/`` with
+its config, weight-name adapter and model builder, which calls :func:`register` in its
+``__init__``; ``maxjax/models/__init__.py`` imports the folder. Nothing else changes: the loaders
+find the architecture here by the GGUF ``general.architecture`` or the Hugging Face
+``architectures`` of a checkpoint.
+
+A config must give ``vocab_size``, ``num_hidden_layers``, ``num_key_value_heads``, ``head_dim``
+and ``max_position_embeddings`` (the KV cache and context are sized from them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+__all__ = ["Architecture", "register", "architectures", "for_gguf", "for_hf_config"]
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What maxjax needs to load and run one causal-LM architecture.
+
+    Attributes:
+        name: the registry name (``"llama"``).
+        gguf_architectures: GGUF ``general.architecture`` values it loads.
+        hf_architectures: Hugging Face ``architectures`` / ``model_type`` values it loads.
+        config_from_gguf: ``(GGUFWeights, source) -> config`` (raises ValueError naming the key).
+        config_from_hf: ``(config.json dict, source) -> config``.
+        weights_from_gguf: ``(GGUFWeights, config) -> {module name: WeightData}``.
+        weights_from_hf: ``(Weights, config) -> {module name: WeightData}``.
+        build: ``(config, dtype) -> Module`` with unloaded weights, called as
+            ``module(tokens, positions, k_cache, v_cache, last_index) -> (logits, k_cache, v_cache)``.
+    """
+
+    name: str
+    gguf_architectures: tuple[str, ...]
+    hf_architectures: tuple[str, ...]
+    config_from_gguf: Callable[[Any, str], Any]
+    config_from_hf: Callable[[Mapping[str, Any], str], Any]
+    weights_from_gguf: Callable[[Any, Any], dict[str, Any]]
+    weights_from_hf: Callable[[Any, Any], dict[str, Any]]
+    build: Callable[[Any, Any], Any]
+
+
+_REGISTRY: dict[str, Architecture] = {}
+
+
+def register(arch: Architecture) -> Architecture:
+    """Adds ``arch`` (replacing one of the same name); returns it.
+
+    Raises:
+        ValueError: another registered architecture already claims one of its GGUF or Hugging
+            Face names.
+    """
+    for other in _REGISTRY.values():
+        if other.name == arch.name:
+            continue
+        clash = set(other.gguf_architectures) & set(arch.gguf_architectures) or set(other.hf_architectures) & set(
+            arch.hf_architectures
+        )
+        if clash:
+            raise ValueError(f"architecture {arch.name!r}: {sorted(clash)} already belong to {other.name!r}")
+    _REGISTRY[arch.name] = arch
+    return arch
+
+
+def architectures() -> list[str]:
+    """The registered architectures' names."""
+    return sorted(_REGISTRY)
+
+
+def for_gguf(general_architecture: Any, source: str) -> Architecture:
+    """The architecture for a GGUF's ``general.architecture``.
+
+    Raises:
+        ValueError: none is registered for it (naming it and the supported ones).
+    """
+    for arch in _REGISTRY.values():
+        if general_architecture in arch.gguf_architectures:
+            return arch
+    supported = sorted(a for arch in _REGISTRY.values() for a in arch.gguf_architectures)
+    raise ValueError(f"{source}: unsupported architecture {general_architecture!r} (supported: {', '.join(supported)})")
+
+
+def for_hf_config(cfg: Mapping[str, Any], source: str) -> Architecture:
+    """The architecture for a Hugging Face ``config.json`` (its ``architectures`` or ``model_type``).
+
+    Raises:
+        ValueError: none is registered for it (naming it and the supported ones).
+    """
+    names = cfg.get("architectures") or [cfg.get("model_type")]
+    if not isinstance(names, list):
+        names = [names]
+    for arch in _REGISTRY.values():
+        if any(n in arch.hf_architectures for n in names):
+            return arch
+    supported = sorted(a for arch in _REGISTRY.values() for a in arch.hf_architectures)
+    raise ValueError(f"{source}: unsupported architecture {names} (supported: {', '.join(supported)})")
