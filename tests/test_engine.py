@@ -104,3 +104,31 @@ def test_weights_placed_once_with_their_sharding():
     assert model._state["weights"]["w"].sharding == w.sharding
     x = RNG.standard_normal((2, 4)).astype(np.float32)
     np.testing.assert_allclose(model.execute(x)[0].to_numpy(), x @ value.T, rtol=1e-5)
+
+
+def test_max_arguments_are_honoured_or_refused_never_ignored():
+    with pytest.raises(ValueError, match=r"num_threads=.*cannot be honoured on JAX"):
+        InferenceSession(num_threads=2)
+    for kwargs in ({"custom_extensions": ["kernels.mojopkg"]}, {"precompiled_mefs": ["m.mef"]}, {"export_mefs": "out"}):
+        with pytest.raises(NotImplementedError, match=f"InferenceSession\\({next(iter(kwargs))}=...\\)"):
+            InferenceSession(**kwargs)
+    with pytest.raises(TypeError):
+        InferenceSession(threads=2)  # an argument MAX does not have
+    g = _affine_graph()
+    with pytest.raises(NotImplementedError, match=r"load\(tile_based_fusion=...\)"):
+        InferenceSession().load(g, weights_registry={}, tile_based_fusion=True)
+    with pytest.raises(NotImplementedError, match=r"Graph\(custom_extensions=...\)"):
+        Graph("g", input_types=[], custom_extensions=["k.mojopkg"])
+    with pytest.raises(TypeError, match="are passed to forward, but there is none"):
+        Graph("g", None, [], None, 3)
+    # MAX forwards extra arguments to forward
+    t = TensorType(DType.float32, [2], DeviceRef.CPU())
+    g = Graph("scaled", lambda x, s: x * s, [t], None, 3.0, is_device_graph=True)
+    assert g.is_device_graph
+    np.testing.assert_allclose(InferenceSession().load(g).execute(np.ones(2, np.float32))[0].to_numpy(), [3.0, 3.0])
+    from maxjax import nn
+
+    with pytest.raises(NotImplementedError, match="Linear\\(quant_config=.*not supported"):
+        nn.Linear(4, 4, DType.float32, quant_config=object())
+    shard = nn.Linear(4, 4, DType.float32, has_bias=True, is_sharding=True)  # MAX: a shard gets its weights assigned
+    assert shard.layer_weights == {} and shard.bias is None

@@ -154,6 +154,27 @@ def test_weights_take_the_policy_layout_and_nibbles_stay_4_bit_with_the_same_tok
     assert out.startswith(" with a quick brown bear.")
 
 
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"temperature": -0.5}, "temperature must be a finite number >= 0, got -0.5"),
+        ({"temperature": float("nan")}, "temperature must be a finite number >= 0, got nan"),
+        ({"top_p": 0.0}, r"top_p must be a finite number in \(0, 1\], got 0.0"),
+        ({"top_p": 1.5}, r"top_p must be a finite number in \(0, 1\], got 1.5"),
+        ({"top_k": -1}, r"top_k must be an integer in \[0, 2147483647\], got -1"),
+        ({"top_k": 2.5}, r"top_k must be an integer"),
+        ({"seed": 2**80}, r"seed must be an integer in \[-2\*\*63, 2\*\*63 - 1\]"),
+    ],
+)
+def test_generate_refuses_bad_sampling_parameters_before_running(lm, kwargs, message):
+    compiles = lm.num_compiles
+    with pytest.raises(ValueError, match=message):
+        lm.generate(["hi"], 4, **kwargs)
+    with pytest.raises(ValueError, match=message):
+        lm.generate_tokens([[504]], 4, **kwargs)
+    assert lm.num_compiles == compiles
+
+
 def test_cli_generate_streams_and_summarises(capsys):
     assert cli_main(["generate", "--max-new-tokens", "8", "The quick brown fox"]) == 0
     out, err = capsys.readouterr()
@@ -168,6 +189,10 @@ def test_cli_generate_streams_and_summarises(capsys):
         (["generate", ""], "the prompt is empty"),
         (["generate", "--max-new-tokens", "0", "hi"], "--max-new-tokens must be at least 1"),
         (["generate", "--model", "/no/such/model.gguf", "hi"], "no such file or directory"),
+        (["generate", "--top-k", "1099511627776", "hi"], "--top-k must be an integer in [0, 2147483647], got 1099511627776"),
+        (["generate", "--seed", str(2**80), "hi"], "--seed must be an integer in [-2**63, 2**63 - 1]"),
+        (["generate", "--temperature", "nan", "hi"], "--temperature must be a finite number >= 0, got nan"),
+        (["generate", "ab\udcffc"], "PROMPT is not valid UTF-8 text: byte 0xff at character 2"),
     ],
 )
 def test_cli_generate_bad_input_is_one_line(capsys, argv, message):

@@ -306,3 +306,66 @@ def test_bfloat16_numpy_weights_load_and_run():
     out = lin(np.ones((1, 2), ml_dtypes.bfloat16))
     assert out.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(out, np.float32), [[1.0, 5.0, 9.0]])
+
+
+def test_two_weights_with_one_fully_qualified_name_raise_as_in_max():
+    class Same(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = Weight("w", DType.float32, (2,), DeviceRef.CPU())
+            self.b = Weight("w", DType.float32, (2,), DeviceRef.CPU())
+
+    with pytest.raises(ValueError, match=r"Same\.b: a different Weight named 'w' is already attribute 'a'"):
+        Same()
+
+    class Inner(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = Weight("w", DType.float32, (2,), DeviceRef.CPU())
+
+    class Outer(nn.Module):  # "b.w" as weight "w" of module "b", and as weight "b.w" of the root
+        def __init__(self):
+            super().__init__()
+            self.b = Inner()
+            self.x = Weight("b.w", DType.float32, (2,), DeviceRef.CPU())
+
+    with pytest.raises(ValueError, match=r"Duplicate weight FQN 'b.w' produced by two distinct attribute paths: '<root>' and 'b'"):
+        Outer().raw_state_dict()
+    m = Inner()  # replacing an attribute's Weight, or one Weight under two attributes, is fine
+    m.w = Weight("w", DType.float32, (3,), DeviceRef.CPU())
+    m.alias = m.w
+    assert list(m.raw_state_dict()) == ["w"] and m.raw_state_dict()["w"].shape == [3]
+
+
+def test_state_dict_renames_weights_as_max_does_while_ops_and_graphs_never_do():
+    c = Child()
+    assert c.w.name == "kernel"
+    p = Parent()
+    assert p.child.w.name == "kernel"
+    p.raw_state_dict()
+    assert p.child.w.name == "child.kernel"  # MAX 26.7: raw_state_dict/state_dict/load_state_dict give FQNs
+    import maxjax.graph.weight as weight_module
+
+    assert "state_dict()" in weight_module.__doc__ and "never changes it" in weight_module.__doc__
+
+
+def test_build_subgraph_rebuilds_nested_inputs():
+    class Pair(nn.Module):  # a MAX layer taking a tuple
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3, DType.float32, DeviceRef.CPU())
+
+        def __call__(self, h, kv):
+            k, v = kv
+            return self.lin(h) + k * v
+
+    m = Pair()
+    m.load_state_dict({"lin.weight": RNG.standard_normal((3, 3)).astype(np.float32)})
+    t = TensorType(DType.float32, [2, 3], DeviceRef.CPU())
+    with Graph("g", input_types=[t, t, t]) as g:
+        sub = m.build_subgraph("pair", [t, (t, t)])
+        assert len(sub.input_types) == 3  # flat inputs, as ops.call takes them
+        g.output(ops.call(sub, *g.inputs)[0].tensor)
+    h, k, v = (RNG.standard_normal((2, 3)).astype(np.float32) for _ in range(3))
+    got = InferenceSession().load(g, weights_registry=m.state_dict()).execute(h, k, v)[0].to_numpy()
+    np.testing.assert_allclose(got, np.asarray(m(h, (k, v))), rtol=1e-6)

@@ -165,6 +165,25 @@ def test_norms_all_modes():
     check_all_modes(lambda x, w, b: ops.layer_norm(x, w, b, 1e-5), ln_ref, x, w, b, symbolic=False)
 
 
+def test_rms_norm_defaults_are_maxs_op_llama_style_layer_gemma_style():
+    import inspect
+
+    from maxjax import nn
+
+    assert inspect.signature(ops.rms_norm).parameters["multiply_before_cast"].default is False  # MAX 26.7's op
+    assert inspect.signature(nn.RMSNorm).parameters["multiply_before_cast"].default is True  # MAX 26.7's layer
+    x = _f32(2, 8).astype(jnp.bfloat16)
+    w = _f32(8)
+    layer = nn.RMSNorm(8, DType.float32)
+    layer.load_state_dict({"weight": w})
+    normed = np.asarray(x, np.float32) / np.sqrt((np.asarray(x, np.float32) ** 2).mean(-1, keepdims=True) + 1e-6)
+    # the layer casts the weight to the input's dtype first, then multiplies before the cast back
+    expected = (normed * np.asarray(w.astype(jnp.bfloat16), np.float32)).astype(jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(layer(x)), expected)
+    with pytest.raises(ValueError, match=r"RMSNorm weight dimension \(8\) must match the input's last dimension \(4\)"):
+        layer(_f32(2, 4))
+
+
 def test_gather_outer_range_all_modes():
     table = _f32(10, 4)
     idx = np.array([[1, 9], [0, 3]], dtype=np.int32)

@@ -184,3 +184,33 @@ def test_config_refuses_rope_scaling_it_does_not_implement():
         LlamaConfig.from_gguf_metadata(meta, False, "x.gguf")
     with pytest.raises(ValueError, match="rope_scaling .* is not supported"):
         LlamaConfig.from_hf_config({"architectures": ["LlamaForCausalLM"], "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])  # both attention layouts (repeat_kv and grouped)
+def test_a_fully_masked_row_gives_finite_values(platform):
+    """A query that sees no key (position -1: an empty slot of a continuous batch) must not give NaN,
+    and must leave the other rows as they were."""
+    import jax
+
+    from maxjax.backend import policy_for
+    from maxjax.nn.attention import _causal_gqa
+
+    rng = np.random.default_rng(4)
+    b, s, h, kv, d, n = 3, 1, 6, 2, 8, 64
+    q = rng.standard_normal((b, s, h, d)).astype(np.float32)
+    k = rng.standard_normal((1, b, kv, d, n)).astype(np.float32)
+    v = rng.standard_normal((1, b, kv, n, d)).astype(np.float32)
+    positions = np.array([[5], [-1], [9]], np.int32)
+    f = jax.jit(lambda *a: _causal_gqa(*a, scale=0.3, policy=policy_for(platform)))
+    out = np.asarray(f(q, k, v, np.int32(0), positions))
+    assert np.isfinite(out).all()
+    alone = np.asarray(f(q[[0, 2]], k[:, [0, 2]], v[:, [0, 2]], np.int32(0), positions[[0, 2]]))
+    np.testing.assert_allclose(out[[0, 2]], alone, rtol=1e-6, atol=1e-6)
+    for i in (0, 2):  # the visible rows against a NumPy softmax attention
+        p = positions[i, 0]
+        qh = q[i, 0].reshape(kv, h // kv, d)
+        scores = np.einsum("ngd,ndk->ngk", qh, k[0, i][:, :, : p + 1]) * 0.3
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        ref = np.einsum("ngk,nkd->ngd", probs, v[0, i][:, : p + 1]).reshape(h * d)
+        np.testing.assert_allclose(out[i, 0], ref, rtol=1e-5, atol=1e-5)

@@ -235,18 +235,10 @@ class PackedArray(QuantizedArray):
         return self.data
 
 
-@jax.tree_util.register_pytree_node_class
-class UnpackedArray(QuantizedArray):
-    """One byte per quantized value plus float32 scales: ``values [..., rows, cols]`` (uint8, or
-    int8 for the symmetric formats), ``scale`` and ``offset`` ``[..., rows, cols // group]``
-    (``offset`` None for Q4_0, Q5_0, Q8_0, Q6_K); the weight is ``scale * values + offset`` per
-    group of ``group`` consecutive values of a row (32; 16 for Q6_K).
+class _GroupScaled(QuantizedArray):
+    """Quantized values with one scale (and offset) per group of a row: the leaves ``values``,
+    ``scale`` and ``offset`` (None for the symmetric formats)."""
 
-    XLA fuses its dequantization into a matrix-vector product as cheaply as an int8 convert, on
-    any CPU: SmolLM2's Q4_1 weights at 1.25 bytes per value (2x the file).
-    """
-
-    layout: ClassVar[str] = "unpacked"
     __slots__ = ("values", "scale", "offset")
 
     def __init__(self, encoding: Any, values: Any, scale: Any, offset: Any = None):
@@ -258,6 +250,21 @@ class UnpackedArray(QuantizedArray):
 
     def _from_leaves(self, leaves: Sequence[Any]) -> None:
         self.values, self.scale, self.offset = leaves
+
+
+@jax.tree_util.register_pytree_node_class
+class UnpackedArray(_GroupScaled):
+    """One byte per quantized value plus float32 scales: ``values [..., rows, cols]`` (uint8, or
+    int8 for the symmetric formats), ``scale`` and ``offset`` ``[..., rows, cols // group]``
+    (``offset`` None for Q4_0, Q5_0, Q8_0, Q6_K); the weight is ``scale * values + offset`` per
+    group of ``group`` consecutive values of a row (32; 16 for Q6_K).
+
+    XLA fuses its dequantization into a matrix-vector product as cheaply as an int8 convert, on
+    any CPU: SmolLM2's Q4_1 weights at 1.25 bytes per value (2x the file).
+    """
+
+    layout: ClassVar[str] = "unpacked"
+    __slots__ = ()
 
     @property
     def shape(self) -> tuple[Any, ...]:
@@ -294,7 +301,7 @@ NIBBLE_ENCODINGS = frozenset(_NIBBLE_SCALE_DTYPE)
 
 
 @jax.tree_util.register_pytree_node_class
-class NibbleArray(QuantizedArray):
+class NibbleArray(_GroupScaled):
     """A 4-bit weight (Q4_0, Q4_1, Q4_K) kept at 4 bits per value, laid out for SIMD.
 
     ``values`` is uint8 ``[..., rows // 2, cols]``: byte ``(i, j)`` holds the value of row ``2i``,
@@ -313,17 +320,7 @@ class NibbleArray(QuantizedArray):
     """
 
     layout: ClassVar[str] = "nibbles"
-    __slots__ = ("values", "scale", "offset")
-
-    def __init__(self, encoding: Any, values: Any, scale: Any, offset: Any = None):
-        self.encoding = as_encoding(encoding)
-        self.values, self.scale, self.offset = values, scale, offset
-
-    def _leaves(self) -> tuple[Any, ...]:
-        return (self.values, self.scale, self.offset)
-
-    def _from_leaves(self, leaves: Sequence[Any]) -> None:
-        self.values, self.scale, self.offset = leaves
+    __slots__ = ()
 
     @property
     def shape(self) -> tuple[Any, ...]:

@@ -16,7 +16,7 @@ load as they are; BF16 tensors (which the reader exposes as raw bytes) are reint
 [rows, bytes_per_row]`` with their :class:`~maxjax.graph.quantization.QuantizationEncoding` and the
 float ``original_shape`` (the file's size in memory; dequantized where they are used).
 
-Opening a GGUF runs the package's parser over all metadata (about 4 s for SmolLM2's 49k-token
+Opening a GGUF runs the package's parser over all metadata (seconds for SmolLM2's 49k-token
 vocabulary), so readers are cached per file (by path, inode, size and modification time): opening
 the same unchanged file again reuses its reader and its one memory map.
 """
