@@ -73,11 +73,12 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-ENGINES = ("maxjax", "maxjax_unpacked", "hf", "llama")
-LABELS = {"maxjax": "maxjax 4-bit (JAX)", "maxjax_unpacked": "maxjax unpacked (JAX)", "hf": "HF transformers (torch f32)",
-          "llama": "llama.cpp"}  # fmt: skip
-#: the quantized_layout each maxjax engine loads with (see maxjax.models.load_model)
-LAYOUTS = {"maxjax": "nibbles", "maxjax_unpacked": "unpacked"}
+ENGINES = ("maxjax", "maxjax_unpacked", "base", "base_unpacked", "hf", "llama")
+LABELS = {"maxjax": "maxjax 4-bit (JAX)", "maxjax_unpacked": "maxjax unpacked (JAX)", "base": "baseline 4-bit",
+          "base_unpacked": "baseline unpacked", "hf": "HF transformers (torch f32)", "llama": "llama.cpp"}  # fmt: skip
+#: the quantized_layout each maxjax engine loads with (see maxjax.models.load_model); "base*" are the
+#: same workers run on another source tree (--baseline DIR, e.g. a worktree of the previous commit)
+LAYOUTS = {"maxjax": "nibbles", "maxjax_unpacked": "unpacked", "base": "nibbles", "base_unpacked": "unpacked"}
 LONG_PROMPT = 128  # prefill / time-to-first-token prompt length
 SHORT_PROMPT = 16  # decode prompts' length
 BATCH = 16
@@ -161,7 +162,11 @@ def worker_maxjax(req: dict) -> dict:
     import numpy as np
 
     from maxjax.models import load_model
-    from maxjax.models import generation as causal_lm
+
+    try:
+        from maxjax.models import generation as causal_lm  # where the generation loop's buckets live
+    except ImportError:  # a baseline tree from before the models package was split
+        from maxjax.models import causal_lm
 
     steps, reps, prefill_reps = req["steps"], req["reps"], req["prefill_reps"]
     layout = req.get("layout", "nibbles")
@@ -458,6 +463,7 @@ def worker_llama(req: dict) -> dict:
 
 
 WORKERS = {"maxjax": worker_maxjax, "maxjax_unpacked": lambda req: worker_maxjax({**req, "layout": "unpacked"}),
+           "base": worker_maxjax, "base_unpacked": lambda req: worker_maxjax({**req, "layout": "unpacked"}),
            "hf": worker_hf, "llama": worker_llama}  # fmt: skip
 
 
@@ -518,13 +524,13 @@ def children_cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def run_worker(engine: str, python: str, req: dict, cores: list[int] | None, timeout: float) -> dict:
-    """Runs one engine's worker in a fresh process; returns its JSON, or {"error": ...}."""
+def run_worker(engine: str, python: str, req: dict, cores: list[int] | None, timeout: float, extra_env: dict | None = None) -> dict:
+    """Runs one engine's worker in a fresh process (with ``extra_env``); returns its JSON, or {"error": ...}."""
     with tempfile.TemporaryDirectory() as tmp:
         rq, rs = pathlib.Path(tmp, "req.json"), pathlib.Path(tmp, "res.json")
         rq.write_text(json.dumps(req))
         cmd = [python, str(pathlib.Path(__file__).resolve()), "--worker", engine, "--request", str(rq), "--out", str(rs)]
-        env = dict(os.environ)
+        env = {**os.environ, **(extra_env or {})}
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         pre = (lambda: os.sched_setaffinity(0, cores)) if cores else None
         log(f"== {engine}: {python}")
@@ -617,10 +623,13 @@ def report(r: dict) -> str:
                  f"XLA all {meta['worker_cores']} cores given, torch {r['settings']['threads']}, llama.cpp "
                  f"{r['settings']['threads']}; load average {meta['loadavg_start'][0]:.2f} at start, "
                  f"{meta['loadavg_end'][0]:.2f} at end")  # fmt: skip
-    g = r.get("git", {})
-    if g.get("commit"):
-        dirty = g.get("maxjax_uncommitted") or []
-        lines.append(f"maxjax at {g['commit'][:10]}" + (f" with uncommitted changes to {len(dirty)} file(s) under maxjax/" if dirty else ""))
+    for who, g in (("maxjax", r.get("git", {})), ("baseline", r.get("baseline", {}))):
+        if g.get("commit"):
+            dirty = g.get("maxjax_uncommitted") or []
+            lines.append(f"{who} at {g['commit'][:10]}" + (f" with uncommitted changes to {len(dirty)} file(s) under maxjax/" if dirty else ""))
+    cpu = meta.get("cpu")
+    if cpu:
+        lines.append(f"CPU vector features: {' '.join(cpu['vector_features'])}")
     s = r["settings"]
     lines.append(f"prompts: {LONG_PROMPT} tokens (prefill, TTFT); decode: {s['steps']} steps after {SHORT_PROMPT}-token "
                  f"prompts; medians of {s['reps']} runs ({s['prefill_reps']} for prefill/TTFT)")  # fmt: skip
@@ -707,6 +716,13 @@ def agreement(res: dict) -> dict:
     mju = get(res, "maxjax_unpacked", "decode_b1", "token_ids")
     if mj and mju:
         out["maxjax 4-bit vs unpacked, b=1"] = first_mismatch(mj[0], mju[0])
+    for e in ("base", "base_unpacked"):
+        be = get(res, e, "decode_b1", "token_ids")
+        be16 = get(res, e, "decode_b16", "token_ids")
+        if mj and be:
+            out[f"maxjax vs {LABELS[e]}, b=1"] = first_mismatch(mj[0], be[0])
+        if mj16 and be16:
+            out[f"maxjax vs {LABELS[e]}, b={BATCH}: rows identical"] = sum(a == b for a, b in zip(mj16, be16))
     if mj and mj16:
         out[f"maxjax b={BATCH} row 0 vs maxjax b=1"] = first_mismatch(mj16[0], mj[0])
     if mj16 and hf16:
@@ -728,7 +744,8 @@ def plot(r: dict, path: pathlib.Path) -> None:
 
     res = r["engines"]
     engines = [e for e in ENGINES if e in res and "error" not in res[e]]
-    colors = {"maxjax": "tab:blue", "maxjax_unpacked": "tab:cyan", "hf": "tab:orange", "llama": "tab:green"}
+    colors = {"maxjax": "tab:blue", "maxjax_unpacked": "tab:cyan", "base": "tab:gray", "base_unpacked": "silver",
+              "hf": "tab:orange", "llama": "tab:green"}  # fmt: skip
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
 
     def bars(ax, key, title, ylabel, scale=1.0):
@@ -788,9 +805,9 @@ def plot(r: dict, path: pathlib.Path) -> None:
     plt.close(fig)
 
 
-def git_state() -> dict:
+def git_state(root: pathlib.Path | None = None) -> dict:
     """The commit measured and any uncommitted changes to maxjax/ (the working tree is what runs)."""
-    root = HERE.parent
+    root = root or HERE.parent
 
     def git(*a: str) -> str:
         try:
@@ -827,6 +844,8 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per engine")
     ap.add_argument("--out", type=pathlib.Path, help="JSON path (default benchmarks/results/generate[_quick].json)")
     ap.add_argument("--replot", type=pathlib.Path, help="print the table and redraw the PNG of a saved JSON; run nothing")
+    ap.add_argument("--baseline", type=pathlib.Path, help="a source tree (e.g. a git worktree of the previous commit) whose "
+                    "maxjax the base/base_unpacked engines run, for an A/B in one run")
     ap.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
     ap.add_argument("--request", type=pathlib.Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -859,6 +878,8 @@ def main(argv=None) -> int:
         gguf = str(smollm2_gguf_path())
     long_ids, short = prompt_ids(gguf)
 
+    from maxjax.backend.cpu import cpu_vector_features
+
     all_cores = sorted(os.sched_getaffinity(0))
     cores = all_cores[: args.threads] if len(all_cores) > args.threads else None
     worker_cores = len(cores) if cores else len(all_cores)
@@ -869,7 +890,7 @@ def main(argv=None) -> int:
         "settings": {"quick": q, "steps": steps, "reps": reps, "prefill_reps": prefill_reps, "threads": args.threads,
                      "llama_extra_bufts": args.llama_extra_bufts, "gguf": gguf, "long_prompt_tokens": LONG_PROMPT,
                      "short_prompt_tokens": SHORT_PROMPT, "batch": BATCH},
-        "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "worker_cores": worker_cores,
+        "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "cpu": cpu_vector_features(), "worker_cores": worker_cores,
                     "pinned_to": cores, "platform": platform.platform(), "python": platform.python_version(),
                     "loadavg_start": load0},
         "git": git_state(),
@@ -878,9 +899,15 @@ def main(argv=None) -> int:
     }  # fmt: skip
     req = {"gguf": gguf, "long_ids": long_ids, "short_ids": short, "steps": steps, "reps": reps,
            "prefill_reps": prefill_reps, "threads": args.threads, "llama_extra_bufts": args.llama_extra_bufts}  # fmt: skip
-    python = {"maxjax": sys.executable, "maxjax_unpacked": sys.executable, "hf": args.hf_python, "llama": args.llama_python}
+    python = {"maxjax": sys.executable, "maxjax_unpacked": sys.executable, "base": sys.executable,
+              "base_unpacked": sys.executable, "hf": args.hf_python, "llama": args.llama_python}  # fmt: skip
+    if any(e.startswith("base") for e in engines) and not args.baseline:
+        ap.error("the base engines need --baseline DIR")
+    if args.baseline:
+        r["baseline"] = {"tree": str(args.baseline.resolve()), **git_state(args.baseline.resolve())}
     for e in engines:
-        r["engines"][e] = run_worker(e, python[e], req, cores, args.timeout)
+        env = {"PYTHONPATH": str(args.baseline.resolve())} if e.startswith("base") else {}
+        r["engines"][e] = run_worker(e, python[e], req, cores, args.timeout, env)
     log("== memory bandwidth")
     r["bandwidth"] = memory_bandwidth(args.bandwidth_mb or (512 if q else 1024), 3 if q else 5)
     r["machine"]["loadavg_end"] = os.getloadavg()

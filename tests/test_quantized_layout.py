@@ -11,7 +11,7 @@ import pytest
 from maxjax import nn
 from maxjax.dtype import DType
 from maxjax.engine import Program
-from maxjax.graph import DeviceRef, Graph, TensorType, ops
+from maxjax.graph import DeviceRef, Graph, TensorType, Weight, ops
 from maxjax.backend import cpu_policy, policy_for
 from maxjax.graph.quantization import (
     DequantizedArray,
@@ -133,3 +133,81 @@ def test_matmul_t_on_either_side_of_the_weight_left_range(lead):
         np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
     grad = jax.grad(lambda x: (cpu.matmul_t(x, w) ** 2).sum())(x)
     np.testing.assert_allclose(np.asarray(grad), 2 * expected @ w.astype(np.float64), rtol=1e-4, atol=1e-4)
+
+
+def test_a_new_encoding_is_one_class():
+    """An int8-per-row encoding, written here as one QuantizedArray subclass and registered for an
+    encoding maxjax does not run itself (GPTQ stands in), runs through Weight, ops.qmatmul,
+    ops.gather + ops.dequantize, graph mode, eager and functional modes with nothing else changed."""
+    import jax.numpy as jnp
+
+    from maxjax.graph.quantization import QuantizedArray, register_encoding
+
+    @jax.tree_util.register_pytree_node_class
+    class Int8Rows(QuantizedArray):
+        """Stored as uint8 [rows, cols + 4]: int8 values, then the row's float32 scale."""
+
+        layout = "int8_rows"
+        __slots__ = ("values", "scale")
+
+        def _leaves(self):
+            return (self.values, self.scale)
+
+        def _from_leaves(self, leaves):
+            self.values, self.scale = leaves
+
+        @property
+        def shape(self):
+            return tuple(self.values.shape)
+
+        def dequantize(self):
+            return self.values.astype(jnp.float32) * self.scale[..., None]
+
+        def take(self, indices):
+            return jax.tree.map(lambda a: jnp.take(a, indices, axis=0, mode="clip"), self)
+
+        @classmethod
+        def from_stored(cls, encoding, stored):
+            obj = object.__new__(cls)
+            obj.encoding = encoding
+            if isinstance(stored, jax.ShapeDtypeStruct):  # the abstract value a graph records
+                rows, width = stored.shape
+                obj.values = jax.ShapeDtypeStruct((rows, width - 4), jnp.int8)
+                obj.scale = jax.ShapeDtypeStruct((rows,), jnp.float32)
+            else:
+                stored = jnp.asarray(stored)
+                obj.values = jax.lax.bitcast_convert_type(stored[:, :-4], jnp.int8)
+                obj.scale = jax.lax.bitcast_convert_type(stored[:, -4:], jnp.float32)
+            return obj
+
+    enc = QuantizationEncoding.GPTQ
+    values = RNG.integers(-127, 128, (6, 16)).astype(np.int8)
+    scale = RNG.uniform(0.01, 0.1, 6).astype(np.float32)
+    stored = np.concatenate([values.view(np.uint8), scale.view(np.uint8).reshape(6, 4)], axis=1)
+    dense = values.astype(np.float32) * scale[:, None]
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = Weight("w", DType.uint8, (6, 20), DeviceRef.CPU(), quantization_encoding=enc)
+
+        def __call__(self, x, ids):
+            return ops.qmatmul(enc, None, x, self.w), ops.dequantize(enc, ops.gather(self.w, ids, axis=0))
+
+    register_encoding(enc, Int8Rows)
+    try:
+        m = Model()
+        m.load_state_dict({"w": stored})
+        x = RNG.standard_normal((3, 16)).astype(np.float32)
+        ids = np.array([5, 0], np.int32)
+        types = [TensorType(DType.float32, ["b", 16], DeviceRef.CPU()), TensorType(DType.int32, [2], DeviceRef.CPU())]
+        g = Graph("new_encoding", forward=m, input_types=types)
+        assert g._nodes[[n.kind for n in g._nodes].index("weight")].out_avals[0].shape == (6, 16)  # the logical shape
+        prog = Program(g)
+        state = prog.prepare(m.state_dict())
+        assert isinstance(state["weights"]["w"], Int8Rows)
+        for y, rows in (jax.jit(prog.apply)(state, x, ids), m(x, ids), nn.functional_call(m, {"w": stored}, x, ids)):
+            np.testing.assert_allclose(np.asarray(y), x @ dense.T, rtol=1e-5, atol=1e-5)
+            np.testing.assert_array_equal(np.asarray(rows), dense[ids])
+    finally:
+        register_encoding(enc, None)

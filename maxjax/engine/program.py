@@ -151,10 +151,12 @@ class Program:
         return jax.block_until_ready(state)  # loaded means loaded: no copy still running behind
 
     def _place(self, w: Any, value: Any, target: Any, packed_only: bool) -> Any:
-        if w._is_gguf_quantized():
+        if w._is_gguf_quantized():  # GGUF blocks: in the layout the policy (or the program) picks
             layout = "packed" if packed_only else self.quantized_layout
             packed = jnp.asarray(to_host_array(value))
             return jax.device_put(to_layout(layout, w.quantization_encoding, packed), target)
+        if w._quantized_class() is not None:  # another encoding: its class reads the stored value
+            return jax.device_put(w.as_value(to_host_array(value)), target)
         return to_jax_array(value, target)
 
     @staticmethod

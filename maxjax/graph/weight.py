@@ -133,24 +133,32 @@ class Weight(TensorValue):
             ValueError: a quantized weight whose declared shape is not whole GGUF blocks.
         """
         sds = jax.ShapeDtypeStruct(self._shape.to_exprs(), self._dtype.to_jax())
-        if self._is_gguf_quantized():
-            from maxjax.graph.quantization import PackedArray
-
+        cls = self._quantized_class()
+        if cls is not None:
             try:
-                return PackedArray(self.quantization_encoding, sds)
+                return cls.from_stored(self.quantization_encoding, sds)
             except ValueError as e:
                 raise ValueError(f"Weight {self.name!r}: {e}") from None
         return sds
 
+    def _quantized_class(self) -> Any:
+        """The :class:`~maxjax.graph.quantization.QuantizedArray` class this weight's stored value
+        is read as, or None (not quantized, or an encoding no class reads)."""
+        if self.quantization_encoding is None:
+            return None
+        from maxjax.graph.quantization import stored_class
+
+        return stored_class(self.quantization_encoding)
+
     def _is_gguf_quantized(self) -> bool:
         enc = self.quantization_encoding
-        return enc is not None and getattr(enc, "is_gguf", False)
+        return enc is not None and getattr(enc, "is_gguf", False) and self._quantized_class() is not None
 
     @property
     def original_dtype_and_shape(self) -> tuple[DType, Shape]:
         """The dtype and shape before quantization packing: for a GGUF-quantized weight the
         logical float32 tensor, otherwise the weight's own dtype and shape."""
-        if self._is_gguf_quantized():
+        if self._quantized_class() is not None:
             return DType.float32, Shape(self._aval.shape)
         return self._dtype, self._shape
 
@@ -255,14 +263,14 @@ class Weight(TensorValue):
 
     def as_value(self, value: Any, device: Any = None) -> Any:
         """``value`` (a state-dict value, array or tracer) as this weight's runtime value: a JAX
-        array, or for a GGUF-quantized weight a :class:`~maxjax.graph.quantization.QuantizedArray`
-        (raw GGUF bytes are wrapped as a ``PackedArray``)."""
+        array, or for a quantized weight a :class:`~maxjax.graph.quantization.QuantizedArray`
+        (raw GGUF bytes are read as a ``PackedArray``)."""
         from maxjax.graph.quantization import QuantizedArray, as_quantized
 
         if isinstance(value, QuantizedArray):
             return value if device is None else jax.device_put(value, device)
         arr = value if isinstance(value, jax.Array) and device is None else to_jax_array(value, device)
-        return as_quantized(arr, self.quantization_encoding) if self._is_gguf_quantized() else arr
+        return as_quantized(arr, self.quantization_encoding) if self._quantized_class() is not None else arr
 
     def retype(self, quantization_encoding: Any, dtype: DType, shape: ShapeLike) -> None:
         """Takes another encoding, dtype and shape (``load_state_dict(...,

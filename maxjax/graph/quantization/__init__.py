@@ -19,6 +19,8 @@ from maxjax.graph.quantization.arrays import (
     QuantizedArray,
     UnpackedArray,
     as_quantized,
+    register_encoding,
+    stored_class,
     to_layout,
 )
 from maxjax.graph.quantization.blocks import dequantize
@@ -45,5 +47,7 @@ __all__ = [
     "as_encoding",
     "as_quantized",
     "dequantize",
+    "register_encoding",
+    "stored_class",
     "to_layout",
 ]

@@ -54,6 +54,8 @@ __all__ = [
     "LAYOUTS",
     "NIBBLE_ENCODINGS",
     "as_quantized",
+    "register_encoding",
+    "stored_class",
     "to_layout",
 ]
 
@@ -160,6 +162,13 @@ class QuantizedArray:
 
     # -- construction ------------------------------------------------------------------------------
     @classmethod
+    def from_stored(cls, encoding: Any, stored: Any) -> "QuantizedArray":
+        """The array of a weight's stored value (what a checkpoint and a weights registry hold for
+        it: for GGUF encodings, uint8 blocks ``[..., rows, bytes_per_row]``); ``stored`` may be a
+        ``jax.ShapeDtypeStruct`` (the abstract value a graph records)."""
+        return cls.from_packed(encoding, stored)
+
+    @classmethod
     def supports(cls, encoding: QuantizationEncoding, shape: Sequence[int]) -> bool:
         """Whether a weight of ``encoding`` and logical ``shape`` can take this layout."""
         return encoding.is_gguf
@@ -230,6 +239,10 @@ class PackedArray(QuantizedArray):
     @classmethod
     def from_packed(cls, encoding: Any, packed: Any) -> "PackedArray":
         return cls(encoding, packed)
+
+    @classmethod
+    def from_stored(cls, encoding: Any, stored: Any) -> "PackedArray":
+        return cls(encoding, stored)
 
     def packed_bytes(self) -> Any:
         return self.data
@@ -434,19 +447,49 @@ def to_layout(layout: str, encoding: Any, packed: Any) -> QuantizedArray:
     return cls.from_packed(enc, packed)
 
 
+#: encoding -> the class a weight's stored value is read as (GGUF encodings: PackedArray)
+_STORED: dict[QuantizationEncoding, type[QuantizedArray]] = {}
+
+
+def register_encoding(encoding: QuantizationEncoding, cls: type[QuantizedArray] | None) -> None:
+    """Weights of ``encoding`` are read as ``cls`` (its :meth:`~QuantizedArray.from_stored` takes
+    their stored value); None unregisters. This, and the class, is all a new encoding needs:
+    ``Weight``, the ops and ``Program`` dispatch through it."""
+    if cls is None:
+        _STORED.pop(encoding, None)
+    else:
+        _STORED[encoding] = cls
+
+
+def stored_class(encoding: Any) -> type[QuantizedArray] | None:
+    """The class a weight of ``encoding`` is read as, or None (not a quantized encoding maxjax runs)."""
+    return _STORED.get(encoding) if isinstance(encoding, QuantizationEncoding) else None
+
+
+for _enc in QuantizationEncoding:
+    if _enc.is_gguf:
+        register_encoding(_enc, PackedArray)
+
+
 def as_quantized(value: Any, encoding: Any) -> QuantizedArray:
-    """``value`` as a :class:`QuantizedArray`: itself, or raw GGUF bytes (uint8 ``[..., rows,
-    bytes_per_row]``, as a MAX program passes them) wrapped as a :class:`PackedArray`.
+    """``value`` as a :class:`QuantizedArray`: itself, or a stored value (for GGUF encodings raw
+    bytes, uint8 ``[..., rows, bytes_per_row]``, as a MAX program passes them) read by the
+    encoding's class.
 
     Raises:
-        ValueError: ``value`` is neither (names its type, dtype and shape).
+        ValueError: ``value`` is neither, or no class reads ``encoding`` (names its type, dtype
+            and shape).
     """
     if isinstance(value, QuantizedArray):
         return value
+    enc = as_encoding(encoding)
+    cls = stored_class(enc)
     dtype = getattr(value, "dtype", None)
-    if dtype is not None and np.dtype(dtype) == np.uint8:
-        return PackedArray(encoding, value)
-    raise ValueError(
-        f"expected a quantized weight ({as_encoding(encoding).value}: a QuantizedArray or uint8 GGUF blocks), got "
-        f"{type(value).__name__} {getattr(value, 'dtype', '')}{list(getattr(value, 'shape', ()))}"
-    )
+    if cls is PackedArray and (dtype is None or np.dtype(dtype) != np.uint8):
+        cls = None
+    if cls is None:
+        raise ValueError(
+            f"expected a quantized weight ({enc.value}: a QuantizedArray or uint8 GGUF blocks), got "
+            f"{type(value).__name__} {getattr(value, 'dtype', '')}{list(getattr(value, 'shape', ()))}"
+        )
+    return cls.from_stored(enc, value)
