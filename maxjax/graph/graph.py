@@ -209,6 +209,9 @@ class Graph:
         self._weights_view: Any = None
         self._jitted: Any = None
         self._trace_count = 0
+        #: set by ``Module.build_subgraph``: ``(prefix, args) -> outputs | None``, how eager
+        #: ``ops.call`` runs the layer the subgraph was built from (see ``maxjax.nn.layer``)
+        self._eager_runner: Callable[..., Any] | None = None
         self._call_shapes: dict[Any, Any] = {}  # ops.call: argument signature -> output avals
         self.inputs = tuple(
             TensorValue._from_node(

@@ -8,9 +8,10 @@ from maxjax.nn.linear import MLP, Linear
 from maxjax.nn.norm import LayerNorm, RMSNorm
 from maxjax.nn.rotary_embedding import RotaryEmbedding
 from maxjax.nn.transformer import TransformerBlock
+from maxjax.nn import init  # noqa: E402  (initializers: nn.init.initialize(module, key))
 
 __all__ = [
     "AttentionWithRope", "RotaryEmbedding", "TransformerBlock",
     "Embedding", "HookHandle", "Layer", "LayerList", "LayerNorm", "LayerV2", "Linear", "LoadStateDictResult",
-    "MLP", "Module", "RMSNorm", "Sequential", "abstract_state", "functional_call", "state",
+    "MLP", "Module", "RMSNorm", "Sequential", "abstract_state", "functional_call", "init", "state",
 ]  # fmt: skip

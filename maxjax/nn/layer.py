@@ -498,6 +498,10 @@ class Module(Layer):
         Weight objects are not renamed. Inside a graph the subgraph belongs to the current graph;
         outside one (eager/functional mode) it is a standalone graph, cached per input types.
 
+        In eager mode (concrete arrays, not tracers), ``ops.call(subgraph, ..., prefix=P)`` runs
+        the layer found at ``P`` in the module being run, so layer hooks see every layer's
+        output; under ``jax.jit``/``jax.grad`` and in graphs the subgraph runs (traced once).
+
         Raises:
             ValueError: both or neither of ``input_types`` and ``inputs`` given.
         """
@@ -520,6 +524,7 @@ class Module(Layer):
         with sub:
             out = self(*jax.tree.unflatten(structure, sub.inputs))
             sub.output(*(out if isinstance(out, (list, tuple)) else [out]))
+        sub._eager_runner = functools.partial(_run_layer_at, self, weight_prefix, structure)
         return sub
 
     def trace(self, *input_types: TensorType, name: str | None = None, **kwargs: Any) -> Graph:
@@ -539,6 +544,45 @@ class Module(Layer):
 
 
 LayerV2 = Module
+
+
+def _module_paths(root: Module) -> tuple[dict[str, Module], dict[int, str]]:
+    """``({path: module}, {id(module): path})`` under ``root`` (paths without a trailing dot;
+    ``""`` is root), cached until the structure of any module changes."""
+    _init_registry(root)
+    cached = root._cache.get("module_paths")
+    if cached is None or cached[0] != _STRUCTURE[0]:
+        paths = {prefix[:-1]: m for prefix, m in root.named_modules()}
+        cached = (_STRUCTURE[0], paths, {id(m): p for p, m in paths.items()})
+        root._cache["module_paths"] = cached
+    return cached[1], cached[2]
+
+
+def _run_layer_at(source: Module, weight_prefix: str, structure: Any, prefix: str, args: Sequence[Any]) -> list[Any] | None:
+    """Eager ``ops.call`` of a subgraph built from ``source``: runs the layer the call stands for.
+
+    The subgraph's placeholder weights ``weight_prefix + k`` are read as ``prefix + k``, so the
+    layer at ``prefix`` (the path ``source`` has relative to ``weight_prefix``, moved under
+    ``prefix``) in the module being run is the one to call. Returns None when there is no such
+    layer of ``source``'s class (the caller then runs the subgraph).
+    """
+    binding = current_binding()
+    root = binding.root if binding is not None else None
+    if not isinstance(root, Module):
+        return None
+    paths, ids = _module_paths(root)
+    own = ids.get(id(source))
+    if own is None:
+        return None
+    rel = own + "." if own else ""
+    if not rel.startswith(weight_prefix):
+        return None
+    target = paths.get((prefix + rel[len(weight_prefix) :]).rstrip("."))
+    if target is None or type(target) is not type(source):
+        return None
+    out = target(*jax.tree.unflatten(structure, list(args)))
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    return [o if isinstance(o, TensorValue) else TensorValue(o) for o in outs]
 
 
 def recursive_named_layers(parent: Module, prefix: str = "") -> Iterable[tuple[str, Module]]:

@@ -1,7 +1,10 @@
 """``ops.call``: runs a subgraph (from ``Graph.add_subgraph`` or ``Module.build_subgraph``).
 
 A subgraph is evaluated by one ``jax.jit``-compiled function, traced once per input signature
-(and backend policy) however many times it is called. Its placeholder weights are looked up under
+(and backend policy) however many times it is called. In eager mode (concrete arrays, outside
+graphs and traces) a subgraph built by ``Module.build_subgraph`` instead runs the layer found at
+the call's ``prefix`` in the module being run, so layer hooks see every layer's concrete output
+(a notebook user looking inside layer 17); graph mode and traced functional mode are unchanged. Its placeholder weights are looked up under
 the call's ``prefix``: in the weights registry (graph mode) or among the weights bound by the
 module being run (eager and functional modes, :mod:`maxjax.graph.binding`).
 """
@@ -122,8 +125,14 @@ def call(graph: Graph, *args: Any, prefix: str = "") -> list[Any]:
     if caller is None:
         caller = current_graph()
     if caller is None:  # eager / functional mode
-        site = CallSite(graph, prefix, None)
         arrays = [a.to_jax() if isinstance(a, TensorValue) else a for a in args]
+        runner = getattr(graph, "_eager_runner", None)
+        if runner is not None and not any(isinstance(a, jax.core.Tracer) for a in arrays):
+            # concrete values (eager mode): run the layer itself, so its hooks fire for every layer
+            outs = runner(prefix, args)
+            if outs is not None:
+                return outs
+        site = CallSite(graph, prefix, None)
         outs = site.run(_eager_weights(site), arrays)
         return [TensorValue._from_array(o) for o in outs]
     if graph._parent is not caller:

@@ -27,11 +27,27 @@ class LlamaForCausalLM(Module):
     (with ``tie_word_embeddings`` the head shares ``embed_tokens.weight`` via
     ``set_shared_weight`` and has no key of its own).
 
-    ``__call__(tokens, positions, k_cache, v_cache, last_index)``:
+    ``__call__(tokens, positions, k_cache, v_cache, last_index)`` (serving, what ``CausalLM`` runs):
         tokens, positions int32 ``[batch, seq]``; k_cache ``[n_layers, batch, n_kv, head_dim, max_seq]``,
         v_cache ``[n_layers, batch, n_kv, max_seq, head_dim]`` (see :mod:`maxjax.nn.attention`);
         last_index int32 ``[batch]``: which position's logits to return for each row.
-        Returns ``(logits float32 [batch, vocab], k_cache, v_cache)``.
+        Returns ``(logits float32 [batch, vocab], k_cache, v_cache)``; with ``last_index=None``
+        the logits of every position, ``[batch, seq, vocab]``.
+
+    ``__call__(tokens)`` (training and scoring, Hugging Face's ``model(input_ids).logits``):
+        whole sequences from position 0, no cache kept: returns ``logits float32 [batch, seq,
+        vocab]``, where position ``t`` scores token ``t + 1``; so a next-token loss is
+        ``cross_entropy(logits[:, :-1], tokens[:, 1:])``. The layers still run as one scanned
+        subgraph (they share a one-layer scratch cache: each layer writes every position before
+        it reads).
+
+    ``return_hidden_states=True`` (either form) also returns the final hidden states, float
+    ``[batch, seq, hidden]`` after the final norm (what the head reads; Hugging Face's
+    ``hidden_states[-1]``), as the last element. Per-layer outputs are what layer hooks see
+    (in eager mode every layer's; see :func:`maxjax.nn.layer.add_layer_hook`).
+
+    Raises:
+        ValueError: caches or positions given without the others.
     """
 
     def __init__(
@@ -52,11 +68,37 @@ class LlamaForCausalLM(Module):
         if tie_word_embeddings:
             lm_head.set_shared_weight("weight", embed_tokens.weight)
 
-    def __call__(self, tokens: Any, positions: Any, k_cache: Any, v_cache: Any, last_index: Any) -> tuple[Any, Any, Any]:
+    def __call__(
+        self,
+        tokens: Any,
+        positions: Any = None,
+        k_cache: Any = None,
+        v_cache: Any = None,
+        last_index: Any = None,
+        *,
+        return_hidden_states: bool = False,
+    ) -> Any:
+        given = [x is not None for x in (positions, k_cache, v_cache)]
+        if any(given) and not all(given):
+            raise ValueError(
+                "LlamaForCausalLM: pass tokens alone (whole sequences, every position's logits) or tokens, positions, "
+                "k_cache and v_cache together"
+            )
+        whole = not any(given)
         h = self.embed_tokens(tokens)
         if h.dtype != self.dtype:
             h = ops.cast(h, self.dtype)
-        layer_idx = [ops.constant(i, DType.int32) for i in range(len(self.layers))]
+        if whole:  # one scratch cache slot shared by every layer; positions 0..seq-1
+            batch, seq = tokens.shape[0], tokens.shape[1]
+            attn = self.layers[0].self_attn
+            kv, d = attn.n_kv_heads, attn.head_dim
+            positions = ops.broadcast_to(ops.unsqueeze(ops.range(0, seq, 1, dtype=DType.int32), 0), [batch, seq])
+            zero = ops.constant(0, self.dtype)
+            k_cache = ops.broadcast_to(zero, [1, batch, kv, d, seq])
+            v_cache = ops.broadcast_to(zero, [1, batch, kv, seq, d])
+            layer_idx = [ops.constant(0, DType.int32)] * len(self.layers)
+        else:
+            layer_idx = [ops.constant(i, DType.int32) for i in range(len(self.layers))]
         block = self.layers[0].build_subgraph(
             "decoder_layer",
             [h.type, k_cache.type, v_cache.type, layer_idx[0].type, positions.type],
@@ -67,10 +109,15 @@ class LlamaForCausalLM(Module):
                 v.tensor for v in ops.call(block, h, k_cache, v_cache, layer_idx[i], positions, prefix=f"layers.{i}.")
             )
         h = self.norm(h)
-        last = ops.gather_nd(h, ops.unsqueeze(ops.cast(last_index, DType.int32), -1), batch_dims=1)  # [batch, hidden]
-        logits = ops.cast(self.lm_head(last), DType.float32)
-        return logits, k_cache, v_cache
-
+        if last_index is not None:
+            last = ops.gather_nd(h, ops.unsqueeze(ops.cast(last_index, DType.int32), -1), batch_dims=1)  # [batch, hidden]
+            logits = ops.cast(self.lm_head(last), DType.float32)
+        else:
+            logits = ops.cast(self.lm_head(h), DType.float32)
+        out = (logits,) if whole else (logits, k_cache, v_cache)
+        if return_hidden_states:
+            out = (*out, h)
+        return out[0] if len(out) == 1 else out
 
 def build_llama(config: LlamaConfig, dtype: DType = DType.float32, device: DeviceRef | None = None) -> LlamaForCausalLM:
     """A :class:`LlamaForCausalLM` for ``config`` with unloaded weights.
