@@ -612,6 +612,44 @@ class Tokenizer:
         tok.name = directory
         return tok
 
+    def save_pretrained(self, directory: str | os.PathLike) -> list[str]:
+        """Writes this tokenizer as a Hugging Face tokenizer folder that :meth:`from_pretrained_dir`
+        and ``transformers.AutoTokenizer`` read: ``tokenizer.json`` (the ``tokenizers`` model),
+        ``tokenizer_config.json`` (special tokens, ``add_bos_token``/``add_eos_token``,
+        ``chat_template``) and ``generation_config.json`` (``eos_token_ids`` as ``eos_token_id``).
+
+        Returns the paths written. Existing files of those names are replaced.
+        """
+        directory = os.fspath(directory)
+        os.makedirs(directory, exist_ok=True)
+        paths = []
+        tj = os.path.join(directory, "tokenizer.json")
+        self.backend.save(tj)
+        paths.append(tj)
+        config: dict[str, Any] = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "add_bos_token": self.add_bos_token,
+            "add_eos_token": self.add_eos_token,
+            "clean_up_tokenization_spaces": False,
+        }
+        for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+            if key in self.special_tokens:
+                config[key] = self.special_tokens[key]
+        if self.chat_template is not None:
+            config["chat_template"] = self.chat_template
+        generation: dict[str, Any] = {}
+        if self.bos_token_id is not None:
+            generation["bos_token_id"] = self.bos_token_id
+        if self.eos_token_ids:
+            eos = sorted(self.eos_token_ids)
+            generation["eos_token_id"] = eos[0] if len(eos) == 1 else eos
+        for fname, content in (("tokenizer_config.json", config), ("generation_config.json", generation)):
+            path = os.path.join(directory, fname)
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(content, f, indent=2, ensure_ascii=False)
+            paths.append(path)
+        return paths
+
     # -- basic properties --------------------------------------------------------------------
 
     @property

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-__all__ = ["Architecture", "register", "architectures", "for_gguf", "for_hf_config"]
+__all__ = ["Architecture", "register", "architectures", "for_gguf", "for_hf_config", "for_module"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,9 @@ class Architecture:
         weights_from_hf: ``(Weights, config) -> {module name: WeightData}``.
         build: ``(config, dtype) -> Module`` with unloaded weights, called as
             ``module(tokens, positions, k_cache, v_cache, last_index) -> (logits, k_cache, v_cache)``.
+        module_class: the class ``build`` returns (to find the architecture of a module).
+        config_to_hf: ``(config, **extra) -> config.json dict`` (for export; None: not exportable).
+        weights_to_hf: ``({module name: array}, config) -> {Hugging Face name: array}`` (for export).
     """
 
     name: str
@@ -42,6 +45,9 @@ class Architecture:
     weights_from_gguf: Callable[[Any, Any], dict[str, Any]]
     weights_from_hf: Callable[[Any, Any], dict[str, Any]]
     build: Callable[[Any, Any], Any]
+    module_class: type | None = None
+    config_to_hf: Callable[..., dict[str, Any]] | None = None
+    weights_to_hf: Callable[[Mapping[str, Any], Any], dict[str, Any]] | None = None
 
 
 _REGISTRY: dict[str, Architecture] = {}
@@ -98,3 +104,15 @@ def for_hf_config(cfg: Mapping[str, Any], source: str) -> Architecture:
             return arch
     supported = sorted(a for arch in _REGISTRY.values() for a in arch.hf_architectures)
     raise ValueError(f"{source}: unsupported architecture {names} (supported: {', '.join(supported)})")
+
+
+def for_module(module: Any) -> Architecture:
+    """The architecture whose ``build`` makes modules of ``module``'s class.
+
+    Raises:
+        ValueError: none does (naming the class and the registered architectures).
+    """
+    for arch in _REGISTRY.values():
+        if arch.module_class is not None and isinstance(module, arch.module_class):
+            return arch
+    raise ValueError(f"no registered architecture builds a {type(module).__name__} (registered: {', '.join(architectures())})")

@@ -6,7 +6,7 @@ Hugging Face ``LlamaForCausalLM``).
 
 from maxjax.models.llama.config import SUPPORTED_GGUF_ARCHITECTURES, LlamaConfig
 from maxjax.models.llama.model import LlamaForCausalLM, build_llama
-from maxjax.models.llama.weights import LLAMA_GGUF_NAMES, LLAMA_HF_NAMES, llama_from_gguf, llama_from_hf
+from maxjax.models.llama.weights import LLAMA_GGUF_NAMES, LLAMA_HF_NAMES, llama_from_gguf, llama_from_hf, llama_to_hf
 from maxjax.models.registry import Architecture, register
 
 register(
@@ -19,7 +19,10 @@ register(
         weights_from_gguf=lambda weights, c: llama_from_gguf(weights, n_head=c.num_attention_heads, n_kv_head=c.num_key_value_heads),
         weights_from_hf=lambda weights, c: llama_from_hf(weights),
         build=build_llama,
+        module_class=LlamaForCausalLM,
+        config_to_hf=LlamaConfig.to_hf_config,
+        weights_to_hf=llama_to_hf,
     )
 )
 
-__all__ = ["LLAMA_GGUF_NAMES", "LLAMA_HF_NAMES", "LlamaConfig", "LlamaForCausalLM", "build_llama", "llama_from_gguf", "llama_from_hf"]
+__all__ = ["LLAMA_GGUF_NAMES", "LLAMA_HF_NAMES", "LlamaConfig", "LlamaForCausalLM", "build_llama", "llama_from_gguf", "llama_from_hf", "llama_to_hf"]

@@ -120,3 +120,18 @@ class LlamaConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def to_hf_config(self, **extra: Any) -> dict[str, Any]:
+        """A Hugging Face ``config.json`` of a ``LlamaForCausalLM`` with these hyperparameters
+        (what :meth:`from_hf_config` reads back); ``extra`` keys (``bos_token_id``,
+        ``eos_token_id``, ``torch_dtype``, ...) are added."""
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            **asdict(self),
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "mlp_bias": False,
+            "rope_scaling": None,
+            **extra,
+        }

@@ -12,6 +12,7 @@ is a whole number of blocks, so it is applied to the packed rows: quantized weig
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 import jax.numpy as jnp
@@ -27,6 +28,7 @@ __all__ = [
     "llama_cpp_permute_rows_index",
     "llama_from_gguf",
     "llama_from_hf",
+    "llama_to_hf",
     "unpermute_rows",
     "unpermute_rows_index",
 ]
@@ -141,6 +143,29 @@ def llama_from_gguf(
         return wd
 
     return adapt(weights, LLAMA_GGUF_NAMES, transform)
+
+
+def llama_to_hf(state: Mapping[str, Any], config: Any = None) -> dict[str, Any]:
+    """maxjax llama names -> Hugging Face ``LlamaForCausalLM`` names (the inverse of
+    :func:`llama_from_hf`): ``model.`` before every name but ``lm_head.weight``, which is left
+    out when ``config.tie_word_embeddings`` (Hugging Face ties it to the embedding).
+
+    Raises:
+        ValueError: a name that is not a llama weight (adapter keys such as ``lora_A`` included:
+            merge them first).
+    """
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    out = {}
+    for name, value in state.items():
+        if name == "lm_head.weight":
+            if not tied:
+                out[name] = value
+            continue
+        hf = "model." + name
+        if not any(re.fullmatch(pattern, hf) for pattern, target in LLAMA_HF_NAMES if target is not None):
+            raise ValueError(f"{name!r} is not a weight of a Hugging Face LlamaForCausalLM (merge LoRA adapters first)")
+        out[hf] = value
+    return out
 
 
 def llama_from_hf(weights: Any) -> dict[str, WeightData]:

@@ -1,0 +1,306 @@
+"""``Trainer``: next-token training of a causal LM module, one compiled step (optax), on a mesh if given.
+
+    model = maxjax.train.dequantized(load_model().module)          # or a module built and nn.init-ed
+    apply_lora(model, ["q_proj", "v_proj"], rank=8, alpha=16, key=jax.random.key(0))
+    trainer = Trainer(model, optax.adamw(1e-3), trainable="*lora_*")
+    state = trainer.init(seed=0)
+    for tokens in batches:                                        # int32 [batch, seq + 1]
+        state, metrics = trainer.step(state, tokens)              # metrics["loss"]: mean next-token loss
+
+How it runs. The module is traced once into a graph of ``module(tokens) -> logits [batch, seq,
+vocab]`` (a Llama: every position's logits, its layers one scanned subgraph) and wrapped in a
+:class:`maxjax.engine.Program`; its prepared state is split by name into the trainable weights
+(differentiated, updated by the optimizer, donated each step so they update in place) and the
+frozen ones (arguments of the step, never differentiated, never constants XLA could fold). The
+weights of the scanned layers are stacked ``[n_layers, ...]``: the state's entries are named by
+their layers' common pattern (``"layers.*.self_attn.q_proj.lora_A.weight"``). A trainable
+pattern that selects only some layers of a stack trains those slices; the others are kept
+bit-identical. Each batch shape compiles once (``num_compiles``, ``compile_seconds``): the whole
+state (optimizer counts included) is placed on the step's devices at :meth:`init`, so step 2
+reuses step 1's program.
+
+With ``mesh`` (a ``jax.sharding.Mesh`` with axis ``data_axis``), the step is data parallel: each
+batch is split over that axis (``NamedSharding(mesh, P(data_axis))``), weights and optimizer state
+are replicated, and XLA adds the gradient all-reduce. ``remat=True`` recomputes each scanned
+layer's activations in the backward pass (``jax.checkpoint``) instead of storing them.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Iterable, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maxjax.dtype import DType
+from maxjax.engine import Program
+from maxjax.graph import Graph, TensorType
+from maxjax.graph.quantization import QuantizedArray
+from maxjax.train.params import Patterns, select
+
+__all__ = ["TrainState", "Trainer", "next_token_loss"]
+
+
+class TrainState(NamedTuple):
+    """What changes during training (a pytree; checkpoint it with :mod:`maxjax.train.checkpoint`).
+
+    Attributes:
+        params: the trainable weights by state entry name (see :attr:`Trainer.entries`).
+        opt_state: the optimizer's state.
+        step: int32 scalar, steps taken.
+        rng: a ``jax.random`` key, split once per step (for stochastic layers and users' own use).
+    """
+
+    params: dict[str, Any]
+    opt_state: Any
+    step: jax.Array
+    rng: jax.Array
+
+
+def next_token_loss(logits: jax.Array, tokens: jax.Array, mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """Mean cross-entropy of predicting ``tokens[:, 1:]`` from ``logits [batch, seq, vocab]`` of
+    ``tokens[:, :-1]`` (in nats per token), over positions where ``mask [batch, seq]`` is nonzero.
+
+    Returns ``(loss, number of tokens counted)``, both float32 scalars.
+    """
+    import optax
+
+    targets = tokens[:, 1:]
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
+    weights = jnp.ones(ce.shape, jnp.float32) if mask is None else jnp.asarray(mask, jnp.float32)
+    n = jnp.sum(weights)
+    return jnp.sum(ce * weights) / jnp.maximum(n, 1.0), n
+
+
+_LAYER_PREFIX = re.compile(r"^(.*?)(\d+)\.$")
+
+
+def _chain_template(prefixes: list[str], c: int) -> str:
+    """``"layers.*."`` for prefixes ``layers.0. .. layers.N.``; ``"chain{c}[...]."`` otherwise."""
+    parts = [_LAYER_PREFIX.match(p) for p in prefixes]
+    if all(parts) and len({m.group(1) for m in parts}) == 1:
+        return f"{parts[0].group(1)}*."
+    return f"chain{c}[{prefixes[0]}..{prefixes[-1]}]."
+
+
+class Trainer:
+    """Next-token training of ``module`` with an optax optimizer (see the module docstring).
+
+    Args:
+        module: a causal LM module called as ``module(tokens [batch, seq]) -> logits [batch, seq,
+            vocab]`` (``LlamaForCausalLM``), with its weights loaded.
+        optimizer: an ``optax.GradientTransformation``.
+        trainable: which weights train: name patterns (:mod:`maxjax.train.params`); None: all.
+        remat: recompute each scanned layer in the backward pass (less memory, more compute).
+        mesh: a ``jax.sharding.Mesh`` for data-parallel steps (None: one device).
+        data_axis: the mesh axis the batch is split over.
+        quantized_layout: the layout of frozen GGUF-quantized weights (None: the backend policy's).
+        policy: a :class:`~maxjax.backend.BackendPolicy` (None: the default backend's).
+
+    Raises:
+        ValueError: a trainable pattern that matches no weight; a quantized weight selected as
+            trainable; a mesh without ``data_axis``.
+    """
+
+    def __init__(
+        self,
+        module: Any,
+        optimizer: Any,
+        *,
+        trainable: Patterns | None = None,
+        remat: bool = False,
+        mesh: jax.sharding.Mesh | None = None,
+        data_axis: str = "dp",
+        quantized_layout: str | None = None,
+        policy: Any = None,
+    ):
+        self.module = module
+        self.optimizer = optimizer
+        self.mesh = mesh
+        self.data_axis = data_axis
+        if mesh is not None and data_axis not in mesh.axis_names:
+            raise ValueError(f"the mesh has axes {tuple(mesh.axis_names)}, not the data axis {data_axis!r}")
+        module.raw_state_dict()  # every weight by its fully-qualified name before tracing
+        self.graph = Graph("train_step", forward=module, input_types=[TensorType(DType.int32, ["batch", "seq"])])
+        self.program = Program(self.graph, remat=remat, quantized_layout=quantized_layout, policy=policy)
+        prepared = self.program.prepare(module.state_dict(auto_initialize=False))
+        #: state entry name -> the registry names it holds (one, or one per layer of a stack)
+        self.entries: dict[str, list[str]] = {}
+        self._where: dict[str, tuple[Any, ...]] = {}
+        values: dict[str, Any] = {}
+        for k, v in prepared["weights"].items():
+            self.entries[k], self._where[k], values[k] = [k], ("weights", k), v
+        for c, (chain, stacked) in enumerate(zip(self.program.chains, prepared["stacked"])):
+            template = _chain_template(chain.prefixes, c)
+            for k, v in stacked.items():
+                name = template + k
+                self.entries[name], self._where[name], values[name] = [p + k for p in chain.prefixes], ("stacked", c, k), v
+        names = [n for ns in self.entries.values() for n in ns]
+        chosen = set(names if trainable is None else select(names, trainable))
+        self._masks: dict[str, np.ndarray] = {}
+        train_entries = []
+        for entry, ns in self.entries.items():
+            hit = [n in chosen for n in ns]
+            if not any(hit):
+                continue
+            v = values[entry]
+            if isinstance(v, QuantizedArray) or not jnp.issubdtype(v.dtype, jnp.floating):
+                what = f"{v.encoding.value}-quantized" if isinstance(v, QuantizedArray) else str(v.dtype)
+                first = ns[hit.index(True)]
+                raise ValueError(
+                    f"trainable weight {first!r} is {what}: it cannot be trained; make a float copy with "
+                    "maxjax.train.dequantized(module), or leave it out of trainable="
+                )
+            train_entries.append(entry)
+            if not all(hit):
+                self._masks[entry] = np.asarray(hit)
+        self.trainable_entries = train_entries
+        self.trainable_names = [n for n in names if n in chosen]
+        self._initial = {e: values[e] for e in train_entries}
+        self.frozen = self._place({e: v for e, v in values.items() if e not in self._initial})
+        self.num_compiles = 0
+        #: seconds each compiled batch shape took to compile, by ``(batch, seq + 1)``
+        self.compile_seconds: dict[tuple[int, ...], float] = {}
+        self._compiled: dict[Any, Any] = {}
+        self._step_jit = jax.jit(self._step_fn, donate_argnums=(0,))
+        self._loss_jit = jax.jit(self._loss_fn)
+
+    # -- placement -------------------------------------------------------------------------------
+    def _replicated(self) -> Any:
+        if self.mesh is None:
+            return jax.devices()[0]
+        return jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+
+    def _batch_sharding(self) -> Any:
+        if self.mesh is None:
+            return jax.devices()[0]
+        return jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(self.data_axis))
+
+    def _place(self, tree: Any) -> Any:
+        return jax.device_put(tree, self._replicated())
+
+    def _batch(self, tokens: Any, mask: Any) -> tuple[jax.Array, jax.Array | None]:
+        tokens = np.asarray(tokens) if not isinstance(tokens, jax.Array) else tokens
+        if tokens.ndim != 2 or tokens.shape[1] < 2:
+            raise ValueError(f"tokens must be int [batch, seq + 1] with seq >= 1, got shape {tuple(tokens.shape)}")
+        if not jnp.issubdtype(tokens.dtype, jnp.integer):
+            raise ValueError(f"tokens must be integer token ids, got {tokens.dtype}")
+        if self.mesh is not None:
+            n = self.mesh.shape[self.data_axis]
+            if tokens.shape[0] % n:
+                raise ValueError(f"batch {tokens.shape[0]} does not split over the {n} devices of mesh axis {self.data_axis!r}")
+        sharding = self._batch_sharding()
+        tokens = jax.device_put(jnp.asarray(tokens, jnp.int32), sharding)
+        if mask is not None:
+            mask = np.asarray(mask, np.float32)
+            if mask.shape != (tokens.shape[0], tokens.shape[1] - 1):
+                raise ValueError(f"mask must be [batch, seq] = {(tokens.shape[0], tokens.shape[1] - 1)}, got {mask.shape}")
+            mask = jax.device_put(jnp.asarray(mask), sharding)
+        return tokens, mask
+
+    # -- state -------------------------------------------------------------------------------------
+    def init(self, seed: int | jax.Array = 0) -> TrainState:
+        """The initial :class:`TrainState`: copies of the module's trainable weights, the optimizer's
+        initial state, step 0 and a key from ``seed`` (an int or a ``jax.random`` key), all placed
+        on the step's devices."""
+        params = self._place(jax.tree.map(jnp.copy, self._initial))
+        key = jax.random.key(seed) if isinstance(seed, int) else seed
+        state = TrainState(params, self.optimizer.init(params), jnp.zeros((), jnp.int32), key)
+        return self._place(state)
+
+    def state_dict(self, state: TrainState) -> dict[str, Any]:
+        """Every weight by registry name (trainable from ``state``, frozen as prepared; the layers
+        of a stack unstacked), e.g. for :func:`~maxjax.train.lora.merge_lora` and export."""
+        return self.program.unstack(self._program_state(state.params, self.frozen))
+
+    def trained_weights(self, state: TrainState) -> dict[str, jax.Array]:
+        """The trainable weights only, by registry name (``module.load_state_dict(...,
+        strict=False)`` takes them)."""
+        full = self.state_dict(state)
+        return {n: full[n] for n in self.trainable_names}
+
+    def _program_state(self, params: Mapping[str, Any], frozen: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"weights": {}, "stacked": [{} for _ in self.program.chains]}
+        for entry, v in (*params.items(), *frozen.items()):
+            where = self._where[entry]
+            if where[0] == "weights":
+                out["weights"][where[1]] = v
+            else:
+                out["stacked"][where[1]][where[2]] = v
+        return out
+
+    # -- the step ----------------------------------------------------------------------------------
+    def logits(self, params: Mapping[str, Any], frozen: Mapping[str, Any], tokens: jax.Array) -> jax.Array:
+        """``logits [batch, seq, vocab]`` of ``tokens [batch, seq]`` (pure: jit/grad it)."""
+        return self.program.apply(self._program_state(params, frozen), tokens)[0]
+
+    def _loss_fn(self, params: Any, frozen: Any, tokens: jax.Array, mask: Any) -> tuple[jax.Array, jax.Array]:
+        return next_token_loss(self.logits(params, frozen, tokens[:, :-1]), tokens, mask)
+
+    def _step_fn(self, state: TrainState, frozen: Any, tokens: jax.Array, mask: Any) -> tuple[TrainState, dict[str, Any]]:
+        import optax
+
+        self.num_compiles += 1  # runs once per trace
+        (loss, n), grads = jax.value_and_grad(self._loss_fn, has_aux=True)(state.params, frozen, tokens, mask)
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        for entry, m in self._masks.items():  # layers of a stack left out of trainable= stay as they were
+            keep = jnp.asarray(m).reshape((-1,) + (1,) * (params[entry].ndim - 1))
+            params[entry] = jnp.where(keep, params[entry], state.params[entry])
+        rng, _ = jax.random.split(state.rng)
+        return TrainState(params, opt_state, state.step + 1, rng), {"loss": loss, "tokens": n}
+
+    def _compiled_step(self, state: TrainState, tokens: jax.Array, mask: Any) -> Any:
+        key = (tuple(tokens.shape), mask is None)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            start = time.perf_counter()
+            compiled = self._step_jit.lower(state, self.frozen, tokens, mask).compile()
+            self.compile_seconds[tuple(tokens.shape)] = time.perf_counter() - start
+            self._compiled[key] = compiled
+        return compiled
+
+    def compile(self, state: TrainState, tokens: Any, mask: Any = None) -> float:
+        """Compiles the step for ``tokens``'s shape (once); returns the seconds it took."""
+        tokens, mask = self._batch(tokens, mask)
+        self._compiled_step(state, tokens, mask)
+        return self.compile_seconds[tuple(tokens.shape)]
+
+    def step(self, state: TrainState, tokens: Any, mask: Any = None) -> tuple[TrainState, dict[str, jax.Array]]:
+        """One optimizer step on ``tokens`` int ``[batch, seq + 1]`` (inputs ``[:, :-1]``, targets
+        ``[:, 1:]``), counting positions where ``mask [batch, seq]`` is nonzero (default: all).
+
+        ``state`` is donated (its arrays are reused for the new state): keep only the returned one.
+        Returns ``(new state, {"loss": mean next-token loss before the update, "tokens": count})``.
+
+        Raises:
+            ValueError: tokens not int ``[batch, seq + 1]``; a batch the mesh cannot split; a
+                mask of another shape.
+        """
+        tokens, mask = self._batch(tokens, mask)
+        return self._compiled_step(state, tokens, mask)(state, self.frozen, tokens, mask)
+
+    def loss(self, state: TrainState, tokens: Any, mask: Any = None) -> tuple[jax.Array, jax.Array]:
+        """``(mean next-token loss, tokens counted)`` of ``tokens [batch, seq + 1]`` (no update)."""
+        tokens, mask = self._batch(tokens, mask)
+        return self._loss_jit(state.params, self.frozen, tokens, mask)
+
+    def perplexity(self, state: TrainState, batches: Iterable[Any]) -> float:
+        """``exp`` of the mean next-token loss over every token of ``batches`` (each int ``[batch,
+        seq + 1]``).
+
+        Raises:
+            ValueError: no batches.
+        """
+        total, count = 0.0, 0.0
+        for tokens in batches:
+            loss, n = self.loss(state, tokens)
+            total += float(loss) * float(n)
+            count += float(n)
+        if not count:
+            raise ValueError("perplexity: no tokens")
+        return float(np.exp(total / count))
+
