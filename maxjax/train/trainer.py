@@ -245,8 +245,9 @@ class Trainer:
 
         self.num_compiles += 1  # runs once per trace
         (loss, n), grads = jax.value_and_grad(self._loss_fn, has_aux=True)(state.params, frozen, tokens, mask)
-        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        with jax.numpy_dtype_promotion("standard"):  # optax mixes int counts and float rates
+            updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
         for entry, m in self._masks.items():  # layers of a stack left out of trainable= stay as they were
             keep = jnp.asarray(m).reshape((-1,) + (1,) * (params[entry].ndim - 1))
             params[entry] = jnp.where(keep, params[entry], state.params[entry])
