@@ -74,13 +74,17 @@ def run_fingerprint(trainer: Trainer) -> dict[str, Any]:
     }
 
 
+def _rank(rank: Any) -> str:
+    return "no LoRA adapters" if rank is None else f"LoRA rank {rank}"
+
+
 def _mismatch(where: str, saved: dict[str, Any], here: dict[str, Any]) -> str | None:
     if saved.get("format") != FORMAT:
         return f"{where} is not a maxjax training checkpoint (format {saved.get('format')!r})"
     if saved.get("model") != here["model"]:
         return f"{where} is of another model ({saved.get('model')}, this run trains a {here['model']})"
     if saved.get("lora_rank") != here["lora_rank"]:
-        return f"{where} has LoRA rank {saved.get('lora_rank')}, this model {here['lora_rank']}"
+        return f"{where} has {_rank(saved.get('lora_rank'))}; this model has {_rank(here['lora_rank'])}"
     st, ht = saved.get("trainable", {}), here["trainable"]
     for name in ht:
         if name not in st:
