@@ -33,7 +33,7 @@ def test_finetune_smollm2_lowers_held_out_perplexity_and_exports_a_loadable_mode
     out = tmp_path / "tuned"
     code = _load("finetune_smollm2").main([
         "--steps", "5", "--batch", "2", "--seq", "32", "--lr", "5e-3", "--eval-batches", "2", "--max-files", "12",
-        "--max-new-tokens", "4", "--out", str(out), "--checkpoints", str(tmp_path / "ckpt"), "--checkpoint-every", "2",
+        "--max-new-tokens", "2", "--out", str(out), "--checkpoints", str(tmp_path / "ckpt"), "--checkpoint-every", "2",
         "--no-progress",
     ])  # fmt: skip
     text = capsys.readouterr().out
@@ -45,9 +45,6 @@ def test_finetune_smollm2_lowers_held_out_perplexity_and_exports_a_loadable_mode
     assert m.group(3) == str(out) and (out / "model.safetensors").exists()
     assert "before: " in text and "after: " in text and "train step compiled in" in text
     assert sorted(int(n) for n in os.listdir(tmp_path / "ckpt") if n.isdigit())[-1] == 5
-    from maxjax.cli import main as cli
-
-    assert cli(["generate", "--model", str(out), "--max-new-tokens", "3", ".. function:: len(s)"]) == 0
 
 
 def test_finetune_smollm2_refuses_a_missing_corpus(tmp_path, capsys):

@@ -63,7 +63,7 @@ def test_remat_and_bfloat16_train():
     batch = tokens(2, 9, seed=5)
     plain = train.Trainer(model, optax.sgd(0.1))
     remat = train.Trainer(model, optax.sgd(0.1), remat=True)
-    assert remat.program.remat
+    assert remat.program.remat and not plain.program.remat
     s1, m1 = plain.step(plain.init(), batch)
     s2, m2 = remat.step(remat.init(), batch)
     assert float(m1["loss"]) == pytest.approx(float(m2["loss"]), rel=1e-6)
