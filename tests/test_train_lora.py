@@ -145,3 +145,14 @@ def test_the_fused_lora_op_has_the_gradients_of_the_two_linears():
         LoRALinear.fused = True
     for k in st:
         np.testing.assert_allclose(np.asarray(fused[k]), np.asarray(plain[k]), rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+def test_nn_init_of_an_adapted_model_keeps_the_adapters_at_zero():
+    model = tiny_model(0)
+    train.apply_lora(model, ["q_proj"], rank=2, alpha=2, key=jax.random.key(0))
+    state = nn.init.initialize(model, jax.random.key(9))
+    assert not np.any(np.asarray(state["layers.0.self_attn.q_proj.lora_B.weight"]))
+    bound = 1 / np.sqrt(TINY.hidden_size)
+    for k in ("layers.0.self_attn.q_proj.weight", "layers.0.self_attn.q_proj.lora_A.weight"):
+        w = np.asarray(state[k])
+        assert np.abs(w).max() <= bound and w.std() > bound / 3, k

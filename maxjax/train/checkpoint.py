@@ -57,14 +57,15 @@ def run_fingerprint(trainer: Trainer) -> dict[str, Any]:
     """What a checkpoint must agree with to resume ``trainer``'s run (see the module docstring)."""
     frozen = hashlib.sha256()
     values = trainer.module.state_dict(auto_initialize=False)
+    weights = trainer.module.raw_state_dict()
     trainable = set(trainer.trainable_names)
     for name in sorted(values):
         if name in trainable:
             continue
-        v = values[name]
-        arr = np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v)
-        frozen.update(f"{name}:{arr.shape}:{arr.dtype};".encode())
-        frozen.update(np.ascontiguousarray(arr.reshape(-1)[:64]).tobytes())
+        for leaf in jax.tree.leaves(weights[name].as_value(values[name])):  # a quantized value: its leaves
+            arr = np.asarray(leaf)
+            frozen.update(f"{name}:{arr.shape}:{arr.dtype};".encode())
+            frozen.update(np.ascontiguousarray(arr.reshape(-1)[:64]).tobytes())
     return {
         "format": FORMAT,
         "model": type(trainer.module).__name__,

@@ -38,20 +38,16 @@ __all__ = ["to_maxjax", "from_maxjax", "nnx_leaf_map"]
 
 def _leaf_names(m: Module) -> dict[str, tuple[str, bool]]:
     """maxjax local weight key -> (NNX leaf name, transposed) for layer ``m``."""
+    key_of = dict(m._weight_attrs)  # attribute -> the key the weight is registered under
     if isinstance(m, Linear):
-        prefix = "" if "weight" in m.layer_weights else next(k for k in m.layer_weights if k.endswith("weight"))[: -len("weight")]
-        out = {prefix + "weight": ("kernel", True)}
-        if m.bias is not None:
-            out[prefix + "bias"] = ("bias", False)
-        return out
-    if isinstance(m, Embedding):
-        return {k: ("embedding", False) for k in m.layer_weights}
-    if isinstance(m, (RMSNorm, LayerNorm)):
-        out = {"weight": ("scale", False)}
-        if getattr(m, "bias", None) is not None:
-            out["bias"] = ("bias", False)
-        return out
-    raise ValueError(f"no NNX counterpart for the weights of {type(m).__name__}")
+        leaves = {"weight": ("kernel", True), "bias": ("bias", False)}
+    elif isinstance(m, Embedding):
+        leaves = {"weight": ("embedding", False)}
+    elif isinstance(m, (RMSNorm, LayerNorm)):
+        leaves = {"weight": ("scale", False), "bias": ("bias", False)}
+    else:
+        raise ValueError(f"no NNX counterpart for the weights of {type(m).__name__}")
+    return {key_of[attr]: leaf for attr, leaf in leaves.items() if attr in key_of}
 
 
 def nnx_leaf_map(module: Module, stacked: Iterable[str] = ()) -> dict[str, tuple[tuple[Any, ...], int | None, bool]]:
