@@ -36,7 +36,7 @@ DEFAULT_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="The defaults fit in about 10 minutes on a 2-core CPU.")  # fmt: skip
-    p.add_argument("--steps", type=int, default=40, help="optimizer steps (default 40)")
+    p.add_argument("--steps", type=int, default=80, help="optimizer steps (default 80)")
     p.add_argument("--batch", type=int, default=4, help="sequences per step (default 4)")
     p.add_argument("--seq", type=int, default=128, help="tokens per sequence (default 128)")
     p.add_argument("--rank", type=int, default=8, help="LoRA rank (default 8)")
