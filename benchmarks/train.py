@@ -37,7 +37,7 @@ contended run flatters maxjax against transformers; "best tok/s" shows each engi
 Goals (PASS/FAIL in the table): (a) maxjax tokens/s >= Flax NNX's (ratio >= 1.0); (b) maxjax
 tokens/s >= 2x transformers + PEFT's (default torch settings).
 
-    python benchmarks/train.py [--quick] [--steps 8] [--engines maxjax_scratch,flax_scratch,...]
+    python benchmarks/train.py [--quick] [--steps 8] [--thp] [--engines maxjax_scratch,flax_scratch,...]
 
 Saves ``benchmarks/results/train.json`` and ``train.png`` (``train_quick.*`` with ``--quick``);
 ``--replot results/train.json`` prints the table of a saved run and redraws its PNG. A worker
@@ -257,14 +257,14 @@ WORKERS = {"maxjax_scratch": worker_maxjax_scratch, "flax_scratch": worker_flax_
 
 
 # -- the parent ------------------------------------------------------------------------------------
-def run_worker(engine: str, python: str, req_path: pathlib.Path, cores: list[int] | None, timeout: float) -> dict:
+def run_worker(engine: str, python: str, req_path: pathlib.Path, cores: list[int] | None, timeout: float, extra_env: dict | None = None) -> dict:
     """Runs one worker in a fresh process; returns its JSON (with the machine's contention), or {"error": ...}."""
     if not os.path.exists(python):
         return {"engine": engine, "error": f"{python} does not exist (pass --hf-python a Python with torch, transformers and peft)"}
     with tempfile.TemporaryDirectory() as tmp:
         rs = pathlib.Path(tmp, "res.json")
         cmd = [python, str(pathlib.Path(__file__).resolve()), "--worker", engine, "--request", str(req_path), "--out", str(rs)]
-        env = {**os.environ, "BENCH_ENGINE": engine, "TOKENIZERS_PARALLELISM": "false"}
+        env = {**os.environ, **(extra_env or {}), "BENCH_ENGINE": engine, "TOKENIZERS_PARALLELISM": "false"}
         pre = (lambda: os.sched_setaffinity(0, cores)) if cores else None
         log(f"== {engine}: {python}")
         t, busy0, child0, load0 = time.perf_counter(), cpu_busy_s(), children_cpu_s(), os.getloadavg()
@@ -369,7 +369,7 @@ def report(r: dict) -> str:
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     s = r["settings"]
-    head = (f"training benchmark ({'quick' if s['quick'] else 'full'}; {s['steps']} timed steps after {s['warmup']} warm-up; "
+    head = (f"training benchmark ({'quick' if s['quick'] else 'full'}{', huge pages' if s.get('thp') else ''}; {s['steps']} timed steps after {s['warmup']} warm-up; "
             f"data: {s['data']}; {r['machine']['cpu_model']}, {r['machine']['worker_cores']} cores per worker, "
             f"vector features {r['machine']['cpu']})\n"
             f"(a) scratch: {SCRATCH['num_hidden_layers']} layers x {SCRATCH['hidden_size']}, batch {SCRATCH_BATCH} x {SCRATCH_SEQ} bytes; "
@@ -415,6 +415,8 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of " + ",".join(ENGINES))
     ap.add_argument("--hf-python", default="/work/refenv/bin/python", help="a Python with torch, transformers and peft")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per engine")
+    ap.add_argument("--thp", action="store_true", help="run every worker with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (transparent "
+                    "huge pages for large allocations: XLA:CPU's per-step temporary buffers stop page-faulting)")
     ap.add_argument("--out", type=pathlib.Path, help="JSON path (default benchmarks/results/train[_quick].json)")
     ap.add_argument("--replot", type=pathlib.Path, help="print the table and redraw the PNG of a saved JSON; run nothing")
     ap.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
@@ -449,7 +451,7 @@ def main(argv=None) -> int:
     if load0[0] > 1.5:
         log(f"warning: load average {load0[0]:.2f}: other work is running, the figures will be noisy")
     r: dict = {
-        "settings": {"quick": args.quick, "steps": steps, "warmup": args.warmup, "threads": args.threads, "data": source,
+        "settings": {"quick": args.quick, "steps": steps, "warmup": args.warmup, "threads": args.threads, "data": source, "thp": args.thp,
                      "scratch": {**SCRATCH, "batch": SCRATCH_BATCH, "seq": SCRATCH_SEQ},
                      "lora": {"batch": LORA_BATCH, "seq": LORA_SEQ, "rank": LORA_RANK, "alpha": LORA_ALPHA, "targets": LORA_TARGETS}},
         "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "cpu": cpu_vector_features(),
@@ -469,7 +471,8 @@ def main(argv=None) -> int:
         req_path.write_text(json.dumps({"scratch_batches": scratch, "lora_batches": lora, "warmup": args.warmup, "lr": 1e-3,
                                         "threads": args.threads, "hf_dir": hf_dir}))  # fmt: skip
         for x in engines:
-            r["engines"][x] = run_worker(x, python[x], req_path, cores, args.timeout)
+            r["engines"][x] = run_worker(x, python[x], req_path, cores, args.timeout,
+                                         {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"} if args.thp else None)
     r["machine"]["loadavg_end"] = os.getloadavg()
     r["verdicts"] = verdicts(r["engines"])
     text = report(r)

@@ -95,6 +95,8 @@ class Trainer:
         optimizer: an ``optax.GradientTransformation``.
         trainable: which weights train: name patterns (:mod:`maxjax.train.params`); None: all.
         remat: recompute each scanned layer in the backward pass (less memory, more compute).
+        scan: run chains of layers as one ``lax.scan`` (compile time flat in depth); False
+            inlines every layer (compile time grows with depth).
         mesh: a ``jax.sharding.Mesh`` for data-parallel steps (None: one device).
         data_axis: the mesh axis the batch is split over.
         quantized_layout: the layout of frozen GGUF-quantized weights (None: the backend policy's).
@@ -112,6 +114,7 @@ class Trainer:
         *,
         trainable: Patterns | None = None,
         remat: bool = False,
+        scan: bool = True,
         mesh: jax.sharding.Mesh | None = None,
         data_axis: str = "dp",
         quantized_layout: str | None = None,
@@ -125,7 +128,7 @@ class Trainer:
             raise ValueError(f"the mesh has axes {tuple(mesh.axis_names)}, not the data axis {data_axis!r}")
         module.raw_state_dict()  # every weight by its fully-qualified name before tracing
         self.graph = Graph("train_step", forward=module, input_types=[TensorType(DType.int32, ["batch", "seq"])])
-        self.program = Program(self.graph, remat=remat, quantized_layout=quantized_layout, policy=policy)
+        self.program = Program(self.graph, scan=scan, remat=remat, quantized_layout=quantized_layout, policy=policy)
         prepared = self.program.prepare(module.state_dict(auto_initialize=False))
         #: state entry name -> the registry names it holds (one, or one per layer of a stack)
         self.entries: dict[str, list[str]] = {}
