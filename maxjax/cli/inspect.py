@@ -1,7 +1,7 @@
-"""``maxjax inspect PATH...``: a checkpoint's metadata and every tensor (name, shape, dtype/encoding, bytes).
+r"""``maxjax inspect PATH...``: a checkpoint's metadata and every tensor (name, shape, dtype/encoding, bytes).
 
     maxjax inspect model.gguf                 # metadata and every tensor, like gguf-dump
-    maxjax inspect model.safetensors --filter 'layers\\.0\\.'
+    maxjax inspect model.safetensors --filter 'layers\.0\.'
 """
 
 from __future__ import annotations

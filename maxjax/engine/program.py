@@ -139,21 +139,26 @@ class Program:
             tick(k)
         stacked = []
         for chain in self.chains:
-            arrays = stack_chain_weights(chain, lambda name: to_host_array(registry[name]))
+            laid_out = {p + k: chain.sub._weights[k].weight for k in chain.sub._weights for p in chain.prefixes}
+            arrays = stack_chain_weights(chain, lambda name: laid_out[name].to_device_layout(to_host_array(registry[name])))
             placed = {}
             for k, v in arrays.items():
                 w = chain.sub._weights[k].weight
-                placed[k] = self._place(w, v, self._target(w, device, stacked=True), k in chain.sub._packed_only)
+                placed[k] = self._place(w, v, self._target(w, device, stacked=True), k in chain.sub._packed_only, laid_out=True)
                 for p in chain.prefixes:
                     tick(p + k)
             stacked.append(placed)
         state = {"weights": weights, "stacked": stacked}
         return jax.block_until_ready(state)  # loaded means loaded: no copy still running behind
 
-    def _place(self, w: Any, value: Any, target: Any, packed_only: bool) -> Any:
+    def _place(self, w: Any, value: Any, target: Any, packed_only: bool, laid_out: bool = False) -> Any:
+        if not laid_out and w.device_layout is not None:  # placed on a mesh: every shard a contiguous block
+            value = w.to_device_layout(to_host_array(value))
         if w._is_gguf_quantized():  # GGUF blocks: in the layout the policy (or the program) picks
             layout = "packed" if packed_only else self.quantized_layout
             packed = jnp.asarray(to_host_array(value))
+            if layout == "nibbles" and (packed.shape[-2] // _row_parts(target, packed.ndim)) % 2:
+                layout = "unpacked"  # nibbles pair rows: each device needs an even number of them
             return jax.device_put(to_layout(layout, w.quantization_encoding, packed), target)
         if w._quantized_class() is not None:  # another encoding: its class reads the stored value
             return jax.device_put(w.as_value(to_host_array(value)), target)
@@ -171,6 +176,11 @@ class Program:
         except ValueError:
             return device
 
+    def shardings(self, state: Mapping[str, Any]) -> Any:
+        """The pytree of ``jax.sharding.Sharding``\ s of a prepared ``state`` (for ``jax.jit``'s
+        ``in_shardings``/``out_shardings``)."""
+        return jax.tree.map(lambda a: a.sharding, state)
+
     def apply(self, state: Mapping[str, Any], *args: Any) -> list[Any]:
         """Evaluates the graph on ``args`` with prepared ``state`` (pure; jit/grad/vmap it freely)."""
         return evaluate(self.graph, self.chains, state["weights"], state["stacked"], args, self.remat, self.policy)
@@ -183,3 +193,19 @@ class Program:
                 for i, p in enumerate(chain.prefixes):
                     out[p + k] = jax.tree.map(lambda a, i=i: a[i], v)
         return out
+
+
+def _row_parts(target: Any, ndim: int) -> int:
+    """Into how many parts ``target`` splits the rows (second-to-last axis) of a weight: 1 when
+    they are not split."""
+    if not isinstance(target, jax.sharding.NamedSharding) or ndim < 2:
+        return 1
+    spec = tuple(target.spec) + (None,) * (ndim - len(tuple(target.spec)))
+    axes = spec[ndim - 2]
+    if axes is None:
+        return 1
+    names = axes if isinstance(axes, tuple) else (axes,)
+    parts = 1
+    for name in names:
+        parts *= target.mesh.shape[name]
+    return parts

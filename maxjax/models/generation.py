@@ -99,11 +99,12 @@ def run_generation(
     b = len(ids)
     bucket = _bucket(longest, context)
     cache_len = min(context, -(-(bucket + max_new_tokens) // CACHE_ROUND) * CACHE_ROUND)
-    tokens = np.zeros((b, bucket), np.int32)
+    rows = b + (-b % getattr(lm, "batch_multiple", 1))  # a data-parallel mesh runs whole rows per device
+    tokens = np.zeros((rows, bucket), np.int32)
     for r, row in enumerate(ids):
         tokens[r, : len(row)] = row
-    lengths = np.array([len(r) for r in ids], np.int32)
-    k_cache, v_cache = lm.new_cache(b, cache_len)
+    lengths = np.array([len(r) for r in ids] + [1] * (rows - b), np.int32)
+    k_cache, v_cache = lm.new_cache(rows, cache_len)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     do_sample = temperature > 0
     key = sub = jax.random.key(seed)

@@ -45,13 +45,17 @@ def load_model(
     progress: bool = False,
     quantized_layout: str | None = None,
     policy: Any = None,
+    mesh: Any = None,
+    mesh_axes: tuple[str, str] = ("dp", "tp"),
 ) -> CausalLM:
     """Loads a model for generation: a GGUF file, a Hugging Face directory (or repo id in the local
     cache), or with no argument the bundled SmolLM2-135M-Instruct (Q4_1 GGUF).
 
     ``quantized_layout`` is how a GGUF's quantized weights are kept in memory (see
     :class:`CausalLM`; None: the backend policy's choice for the platform), ``policy`` the
-    :class:`~maxjax.backend.BackendPolicy` (None: the default backend's).
+    :class:`~maxjax.backend.BackendPolicy` (None: the default backend's); ``mesh`` a
+    ``jax.sharding.Mesh`` to run tensor parallel over its ``mesh_axes[1]`` axis and data parallel
+    over ``mesh_axes[0]`` (see :class:`CausalLM`).
 
     Raises:
         FileNotFoundError: no such model.
@@ -61,7 +65,7 @@ def load_model(
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))
         if (path / "config.json").exists():
-            return CausalLM.from_pretrained_dir(path, dtype, progress, quantized_layout, policy)
+            return CausalLM.from_pretrained_dir(path, dtype, progress, quantized_layout, policy, mesh, mesh_axes)
         if len(ggufs) == 1:
             path = ggufs[0]
         else:
@@ -71,4 +75,4 @@ def load_model(
     fmt = weights_format([path])
     if fmt is not WeightsFormat.gguf:
         raise ValueError(f"{path}: a {fmt.value} file alone cannot be generated from; pass its model directory")
-    return CausalLM.from_gguf(path, dtype, progress, quantized_layout, policy)
+    return CausalLM.from_gguf(path, dtype, progress, quantized_layout, policy, mesh, mesh_axes)

@@ -465,20 +465,77 @@ class Module(Layer):
         self._shared_keys.add(self._weight_attrs[name])
         _STRUCTURE[0] += 1
 
-    def to(self, *devices: Any, sharding_strategy: Any = None) -> None:
-        """Places this module's weights on ``devices[0]``, or with ``sharding_strategy`` sets that
-        strategy on every weight (they can then be ``shard``-ed over ``devices``)."""
+    def to(self, *devices: Any, sharding_strategy: Any = None, axis: str = "tp") -> None:
+        """Places this module's weights.
+
+        - ``to(device)``: every weight on ``device`` (a ``DeviceRef``, ``Device`` or ``jax.Device``).
+        - ``to(*devices, sharding_strategy=s)``: MAX's form: sets ``s`` on every weight (they can
+          then be ``shard``-ed over ``devices``).
+        - ``to(mesh, axis="tp")`` with a ``jax.sharding.Mesh``: every weight on the mesh, split over
+          mesh axis ``axis`` by its sharding strategy (set by the layers' ``sharding_strategy``
+          setters), replicated without one (see ``Weight.place``). All or nothing: when a weight
+          cannot be placed, no weight changes.
+
+        Raises:
+            ValueError: no device given, or (mesh) a weight that cannot be placed (names it).
+        """
+        import jax
+
         from maxjax.graph.type import DeviceRef
 
         if not devices:
             raise ValueError("Module.to needs at least one device")
+        weights = [w for _, w in self._named_weights()]
+        if len(devices) == 1 and isinstance(devices[0], jax.sharding.Mesh):
+            mesh = devices[0]
+            before = [w.mesh for w in weights]
+            try:
+                for w in weights:
+                    w.place(mesh, axis)
+            except ValueError:
+                for w, old in zip(weights, before):
+                    w._mesh = old
+                    w._array_cache = None
+                raise
+            return
         refs = [DeviceRef.from_device(d) for d in devices]
         self.devices = refs  # type: ignore[attr-defined]
-        for _, w in self._named_weights():
+        for w in weights:
             if sharding_strategy is not None:
                 w.sharding_strategy = sharding_strategy
             else:
                 w.device = refs[0]
+
+    def shard(self, devices: Sequence[Any]) -> list["Module"]:
+        """Per-device copies of this module (MAX's per-device style): copy ``i`` holds each
+        sublayer's shard ``i`` (``child.shard(devices)[i]``) and each of its own weights' shard
+        ``i``. Layers with their own rule (``Linear``, ``MLP``, norms, attention) override this.
+
+        Raises:
+            ValueError: a sublayer or weight has no sharding strategy (names it).
+        """
+        devices = list(devices)
+        _init_registry(self)
+        parts: dict[str, list[Any]] = {}
+        for name, child in self._sublayers.items():
+            try:
+                parts[name] = child.shard(devices)
+            except ValueError as e:
+                raise ValueError(f"{type(self).__name__}.{name}: {e}") from None
+        for attr, key in self._weight_attrs.items():
+            if key not in self._shared_keys:
+                parts[attr] = getattr(self, attr).shard(devices)
+        out = []
+        for i in range(len(devices)):
+            copy = object.__new__(type(self))
+            for k, v in self.__dict__.items():
+                if k not in ("_sublayers", "_layer_weights", "_weight_attrs", "_shared_keys", "_cache") and k not in parts:
+                    object.__setattr__(copy, k, v)
+            _init_registry(copy)
+            for name, shards in parts.items():
+                setattr(copy, name, shards[i])
+            out.append(copy)
+        return out
 
     # -- graphs ----------------------------------------------------------------------------
     def build_subgraph(
@@ -593,6 +650,16 @@ class LayerList(Module):
 
     def __iter__(self) -> Iterator[Module]:
         return iter(self.layers)
+
+    def shard(self, devices: Sequence[Any]) -> list["LayerList"]:
+        """Per-device LayerLists of each layer's shard ``i``.
+
+        Raises:
+            ValueError: a layer has no sharding strategy.
+        """
+        devices = list(devices)
+        per_layer = [layer.shard(devices) for layer in self.layers]
+        return [type(self)([shards[i] for shards in per_layer]) for i in range(len(devices))]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Chains the layers: the first gets ``*args, **kwargs``, each next one the previous output."""
