@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 from maxjax.dtype import DType
 
@@ -48,6 +49,36 @@ def configure(p: argparse.ArgumentParser) -> None:
         "file's blocks; slow on CPU), dequantized (float32)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar while weights load")
+    add_mesh_arguments(p)
+
+
+def add_mesh_arguments(p: argparse.ArgumentParser) -> None:
+    """The device arguments ``generate``, ``inspect`` and ``serve`` share."""
+    g = p.add_argument_group("devices")
+    g.add_argument("--mesh", metavar="AXES", help="run on a device mesh, e.g. dp=2,tp=4: tensor parallel over tp, data parallel over dp")
+    g.add_argument("--cpu-devices", type=int, metavar="N", help="give this process N host CPU devices (for --mesh on a CPU)")
+    g.add_argument("--coordinator", metavar="HOST:PORT", help="multi-process run: process 0's address (jax.distributed)")
+    g.add_argument("--num-processes", type=int, default=1, metavar="N", help="multi-process run: how many processes (default 1)")
+    g.add_argument("--process-id", type=int, default=0, metavar="I", help="multi-process run: this process's index (default 0)")
+
+
+def mesh_from_arguments(args: argparse.Namespace) -> Any:
+    """Sets up the devices the arguments ask for (CPU devices, joining a multi-process run) and
+    returns the ``--mesh`` mesh, or None.
+
+    Raises:
+        ValueError: a bad ``--mesh`` or device argument (names it).
+    """
+    from maxjax.engine.mesh import initialize_distributed, make_mesh, parse_mesh, use_cpu_devices
+
+    axes = parse_mesh(args.mesh) if args.mesh else None  # syntax errors before anything starts
+    if args.cpu_devices is not None:
+        use_cpu_devices(args.cpu_devices)
+    if args.coordinator or args.num_processes != 1:
+        if not args.coordinator:
+            raise CLIError("--num-processes needs --coordinator HOST:PORT")
+        initialize_distributed(args.coordinator, args.num_processes, args.process_id)
+    return None if axes is None else make_mesh(axes)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         byte = f"0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else repr(bad)
         raise CLIError(f"PROMPT is not valid UTF-8 text: byte {byte} at character {e.start}") from None
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed, names=_FLAG_NAMES)
+    mesh = mesh_from_arguments(args)
     from maxjax.models import load_model
 
     t0 = time.perf_counter()
@@ -72,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=_DTYPES[args.dtype],
         progress=not args.no_progress and sys.stderr.isatty(),
         quantized_layout=None if args.quantized_layout == "auto" else args.quantized_layout,
+        mesh=mesh,
     )
     load_s = time.perf_counter() - t0
     out = sys.stdout

@@ -426,24 +426,23 @@ class DeviceLayout:
         keep = (self.index >= 0).reshape([-1 if a == self.axis else 1 for a in range(array.ndim)])
         return xp.where(keep, taken, xp.zeros((), taken.dtype))
 
-    def apply_packed(self, packed: Any, encoding: Any, name: str = "weight") -> Any:
-        """:meth:`apply` to the GGUF blocks ``[..., rows, bytes_per_row]`` of a quantized weight
-        whose logical shape this layout was made for: rows move whole; along the columns only whole
-        blocks can move (zero bytes are a zero block in every GGUF format).
+    def for_packed(self, encoding: Any, rank: int, name: str = "weight") -> "DeviceLayout":
+        """This layout (made for a quantized weight's logical shape, of ``rank``) on its GGUF
+        blocks ``[..., rows, bytes_per_row]``: rows move whole; along the columns only whole blocks
+        can move (zero bytes are a zero block in every GGUF format).
 
         Raises:
             ValueError: a column split that cuts a block (names the weight and the sizes).
         """
-        rank = len(packed.shape)
         if self.axis != rank - 1:
-            return self.apply(packed)
+            return self
         bpe, bsize = encoding.block_parameters
         if len(self.index) % bpe:
             raise ValueError(f"{name}: {len(self.index)} laid-out columns are not whole {encoding.value} blocks of {bpe}")
         blocks = self.index.reshape(-1, bpe)
         first = blocks[:, 0]
         aligned = np.where(first[:, None] >= 0, first[:, None] + np.arange(bpe), -1)
-        if (first >= 0).any() and (first[first >= 0] % bpe).any() or not np.array_equal(blocks, aligned):
+        if (first[first >= 0] % bpe).any() or not np.array_equal(blocks, aligned):
             sizes = sorted(set(self.sizes))
             raise ValueError(
                 f"{name}: its column split into shards of {sizes} columns cuts {encoding.value} blocks of {bpe} "
@@ -451,8 +450,7 @@ class DeviceLayout:
             )
         block_index = np.where(first >= 0, first // bpe, -1)
         byte_index = np.where(block_index[:, None] >= 0, block_index[:, None] * bsize + np.arange(bsize), -1).reshape(-1)
-        sizes = tuple(s // bpe * bsize for s in self.sizes)
-        return DeviceLayout(self.axis, byte_index, self.block // bpe * bsize, sizes).apply(packed)
+        return DeviceLayout(self.axis, byte_index, self.block // bpe * bsize, tuple(s // bpe * bsize for s in self.sizes))
 
     def shard(self, laid_out: Any, i: int) -> Any:
         """Device ``i``'s shard (without padding) from the laid-out array (MAX's shard ``i``)."""

@@ -273,7 +273,7 @@ class Weight(TensorValue):
         old = self._mesh
         self._mesh = (mesh, axis)
         try:
-            self.device_layout  # noqa: B018 - validates the strategy against the weight now
+            self.stored_device_layout  # noqa: B018 - validates the strategy against the weight now
         except (ValueError, NotImplementedError) as e:
             self._mesh = old
             raise ValueError(f"Weight {self.name!r} of shape {list(self._shape)}: cannot place on mesh axis {axis!r} ({n} devices): {e}") from None
@@ -288,6 +288,26 @@ class Weight(TensorValue):
             return None
         return device_layout(strategy, self._logical_shape())
 
+    @property
+    def stored_device_layout(self) -> DeviceLayout | None:
+        """:attr:`device_layout` on the stored value (on the GGUF bytes of a quantized weight).
+
+        Raises:
+            ValueError: a quantized weight split between columns that are not whole blocks.
+        """
+        layout = self.device_layout
+        if layout is None or self._quantized_class() is None:
+            return layout
+        return layout.for_packed(self.quantization_encoding, len(self._logical_shape()), self.name)
+
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        """The shape of the stored value in :attr:`stored_device_layout` (the declared one when
+        the weight has no layout)."""
+        layout = self.stored_device_layout
+        shape = tuple(int(d) for d in self._shape)
+        return shape if layout is None else layout.shape(shape)
+
     def to_device_layout(self, value: Any) -> Any:
         """A stored value (declared layout; GGUF bytes for a quantized weight) in this weight's
         :attr:`device_layout` (unchanged when it has none).
@@ -295,11 +315,9 @@ class Weight(TensorValue):
         Raises:
             ValueError: a quantized weight split between columns that are not whole blocks.
         """
-        layout = self.device_layout
+        layout = self.stored_device_layout
         if layout is None or layout.is_identity:
             return value
-        if self._quantized_class() is not None:
-            return layout.apply_packed(value, self.quantization_encoding, self.name)
         return layout.apply(value)
 
     def shard(self, devices: Iterable[DeviceRef]) -> list["Weight"]:

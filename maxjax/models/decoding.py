@@ -52,7 +52,7 @@ class DecoderFunctions:
         config: the model's config (``num_hidden_layers``, ``num_key_value_heads``, ``head_dim``).
         dtype: the cache's ``jnp`` dtype.
         kv_heads: the cache's KV heads when not the config's (a model on a mesh may pad them).
-        cache_shardings: ``(keys, values)`` ``jax.sharding.Sharding``\ s :meth:`new_cache` places
+        cache_shardings: ``(keys, values)`` ``jax.sharding.Sharding`` objects :meth:`new_cache` places
             the caches with (None: the default device).
     """
 
