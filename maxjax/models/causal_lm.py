@@ -120,9 +120,9 @@ class CausalLM:
         if shard is not None:  # explicit in/out shardings on a mesh: the batch over dp, heads over tp
             state_sh = self.program.shardings(self.state)
             rep = shard["replicated"]
-            shardings = dict(
+            shardings = dict(  # the next tokens and logits replicated: every process reads them
                 in_shardings=(state_sh, shard["rows"], shard["rows"], shard["cache"], shard["cache"], shard["batch"], rep, rep, rep, rep),
-                out_shardings=(shard["batch"], shard["rows"], shard["cache"], shard["cache"]),
+                out_shardings=(rep, rep, shard["cache"], shard["cache"]),
             )  # fmt: skip
         self._step = jax.jit(step, static_argnums=10, donate_argnums=(3, 4), compiler_options=options, **shardings)
 
@@ -177,7 +177,7 @@ class CausalLM:
         from maxjax.graph.weights import GGUFWeights
         from maxjax.tokenizer import Tokenizer
 
-        weights = GGUFWeights(path)
+        weights = GGUFWeights(path, lazy=mesh is not None)  # on a mesh, each process reads its own shards
         arch = for_gguf(weights.metadata.get("general.architecture"), str(path))
         config = arch.config_from_gguf(weights, str(path))
         module = arch.build(config, dtype)
@@ -248,6 +248,10 @@ class CausalLM:
         do_sample = temperature > 0
         if key is None:
             key = self._default_key
+        if self.mesh is not None:  # host inputs become global arrays (every process passes the same)
+            shard = self._batch_shardings()
+            tokens, positions = _global(tokens, shard["rows"]), _global(positions, shard["rows"])
+            last = _global(last, shard["batch"])
         return self._step(
             self.state, tokens, positions, k_cache, v_cache, last, key,
             np.float32(max(temperature, 1e-6)), np.int32(top_k), np.float32(top_p), do_sample,
@@ -344,6 +348,15 @@ class CausalLM:
         """Yields the text of ``prompt``'s continuation piece by piece (see
         :func:`maxjax.models.generation.stream`); ``self.last_generation`` holds the result after."""
         return generation.stream(self, prompt, max_new_tokens, **kwargs)
+
+
+def _global(x: Any, sharding: Any) -> Any:
+    """A host array as a global ``jax.Array`` of ``sharding`` (each process gives its devices'
+    blocks; in a multi-process run every process holds the same host array)."""
+    if isinstance(x, jax.Array):
+        return x if x.sharding.is_equivalent_to(sharding, x.ndim) else jax.device_put(x, sharding)
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
 def _prepare_mesh(module: Any, mesh: Any, axes: tuple[str, str]) -> tuple[Any, tuple[str, str]]:
