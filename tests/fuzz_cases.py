@@ -34,6 +34,7 @@ import os
 import shutil
 import struct
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -742,6 +743,7 @@ def main(argv: list[str]) -> int:
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    warnings.simplefilter("ignore", np.exceptions.ComplexWarning)  # edits that cast complex values
     with open(argv[0]) as f:
         cases = json.load(f)
     import jax  # noqa: F401 - imported before the first case is timed
