@@ -380,7 +380,17 @@ def build_orbax(root: Path, rng: np.random.Generator, cases: list[dict]) -> None
     state = _orbax_state()
     expected = {k: digest(np.asarray(v.data if isinstance(v, WeightData) else v)) for k, v in state.items()}
     pristine = Path(save_state(d / "source", state))
-    files = sorted(str(p.relative_to(pristine)) for p in pristine.rglob("*") if p.is_file())
+    # orbax names its data files by random ids and writes 4 or 5 of them per process: the targets
+    # are the metadata files by name and data files by role, the same in every run
+    files = {
+        name: name
+        for name in ("_CHECKPOINT_METADATA", "_METADATA", "_sharding", "array_metadatas/process_0", "commit_success.txt", "manifest.ocdbt", "ocdbt.process_0/manifest.ocdbt")
+    }
+    for folder in ("d", "ocdbt.process_0/d"):
+        by_size = sorted((p for p in (pristine / folder).iterdir()), key=lambda p: (p.stat().st_size, p.name))
+        files[f"{folder}/largest"] = str(by_size[-1].relative_to(pristine))
+        if len(by_size) > 1:  # the top-level d/ holds one file
+            files[f"{folder}/smallest"] = str(by_size[0].relative_to(pristine))
 
     def add(cid: str, mutate: Callable[[Path], None], expect: str = "either") -> None:
         p = d / cid
@@ -408,8 +418,8 @@ def build_orbax(root: Path, rng: np.random.Generator, cases: list[dict]) -> None
         return lambda p: (p / rel).write_bytes(text)
 
     add("pristine", lambda p: None, "ok")
-    for rel in files:
-        tag = rel.replace("/", "_")
+    for label, rel in files.items():
+        tag = label.replace("/", "_")
         add(f"rm-{tag}", rm(rel))
         add(f"empty-{tag}", truncate(rel, 0.0))
         add(f"half-{tag}", truncate(rel, 0.5))
@@ -709,7 +719,26 @@ def _run_lsd(case: dict) -> str | None:
     return None
 
 
-_RUNNERS = {"safetensors": _run_st, "index": _run_index, "gguf": _run_gguf, "orbax": _run_orbax, "lsd": _run_lsd}
+def _run_selftest(case: dict) -> str | None:
+    """Cases that check the harness itself: one that hangs, one that kills its process, one that loads."""
+    import signal
+    import time
+
+    if case["op"] == "hang":
+        time.sleep(3600)
+    elif case["op"] == "crash":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return None
+
+
+_RUNNERS = {
+    "safetensors": _run_st,
+    "index": _run_index,
+    "gguf": _run_gguf,
+    "orbax": _run_orbax,
+    "lsd": _run_lsd,
+    "selftest": _run_selftest,
+}
 
 
 def _message(e: BaseException) -> str:
