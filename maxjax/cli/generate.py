@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any
@@ -95,6 +96,11 @@ def run(args: argparse.Namespace) -> int:
         byte = f"0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else repr(bad)
         raise CLIError(f"PROMPT is not valid UTF-8 text: byte {byte} at character {e.start}") from None
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed, names=_FLAG_NAMES)
+    out = sys.stdout
+    if args.coordinator:  # a multi-process run: the collectives' C++ library prints to fd 1, keep the text apart
+        sys.stdout.flush()
+        out = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
     mesh = mesh_from_arguments(args)
     from maxjax.models import load_model
 
@@ -107,7 +113,6 @@ def run(args: argparse.Namespace) -> int:
         mesh=mesh,
     )
     load_s = time.perf_counter() - t0
-    out = sys.stdout
     for piece in lm.stream(
         args.prompt,
         args.max_new_tokens,
@@ -121,11 +126,16 @@ def run(args: argparse.Namespace) -> int:
         out.flush()
     g = lm.last_generation
     out.write("\n")
+    read = ""
+    if mesh is not None:  # what this process read of the model file: only its devices' shards
+        from maxjax.graph.weights.lazy import bytes_read
+
+        read = f", this process read {bytes_read() / 1e6:.1f} MB of weights"
     print(
         f"[{len(g.prompt_ids)} prompt tokens, {len(g.token_ids)} new tokens ({g.finish_reason}), "
         f"time to first token {g.time_to_first_token:.2f} s, {g.tokens_per_second:.1f} tokens/s, "
         + (f"compile {g.compile_seconds:.1f} s, " if g.compile_seconds else "")
-        + f"load {load_s:.1f} s]",
+        + f"load {load_s:.1f} s{read}]",
         file=sys.stderr,
     )
     return 0

@@ -6,7 +6,10 @@ The CLI's ``--mesh`` and ``--cpu-devices`` and multi-process runs (``jax.distrib
 from __future__ import annotations
 
 import math
+import os
 import re
+import socket
+import time
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -78,9 +81,10 @@ def use_cpu_devices(n: int) -> None:
             raise ValueError(f"cannot give this process {n} CPU devices: JAX already runs with {have} ({e})") from None
 
 
-def initialize_distributed(coordinator: str, num_processes: int, process_id: int, timeout_s: int = 60) -> None:
+def initialize_distributed(coordinator: str, num_processes: int, process_id: int, timeout_s: int | None = None) -> None:
     """Joins a multi-process run (``jax.distributed.initialize``): ``coordinator`` is
-    ``HOST:PORT`` of process 0, which listens there.
+    ``HOST:PORT`` of process 0, which listens there. ``timeout_s`` (default:
+    ``$MAXJAX_COORDINATOR_TIMEOUT`` or 60) bounds the wait for the other processes.
 
     Raises:
         ValueError: a bad address, process count or id, or the coordinator cannot be reached
@@ -92,6 +96,22 @@ def initialize_distributed(coordinator: str, num_processes: int, process_id: int
         raise ValueError(f"--num-processes must be at least 1, got {num_processes}")
     if not 0 <= process_id < num_processes:
         raise ValueError(f"--process-id must be in [0, {num_processes}), got {process_id}")
+    if timeout_s is None:
+        timeout_s = int(os.environ.get("MAXJAX_COORDINATOR_TIMEOUT", "60"))
+    if process_id != 0:  # XLA aborts the process when it cannot register: see that the address answers first
+        host, port = coordinator.rsplit(":", 1)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                break
+            except OSError as e:
+                if time.monotonic() >= deadline:
+                    raise ValueError(
+                        f"process {process_id} of {num_processes} could not join the run at coordinator {coordinator} "
+                        f"within {timeout_s} s: nothing answers there ({e.strerror or e})"
+                    ) from None
+                time.sleep(0.2)
     try:
         jax.distributed.initialize(
             coordinator_address=coordinator, num_processes=num_processes, process_id=process_id,

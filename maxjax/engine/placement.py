@@ -18,30 +18,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxjax.driver import to_host_array
 from maxjax.graph.quantization import to_layout
 from maxjax.graph.sharding import DeviceLayout
-from maxjax.graph.weights import WeightData
-from maxjax.graph.weights.lazy import LazyTensor
+from maxjax.graph.weights.lazy import host_indexable
 
-__all__ = ["place_sharded", "stored_array", "read_block"]
-
-
-def stored_array(value: Any) -> Any:
-    """A host array of a stored value that can be indexed without reading the rest (a
-    ``WeightData``'s data, a Buffer's NumPy copy, a LazyTensor or NumPy array as they are)."""
-    if isinstance(value, (np.ndarray, LazyTensor)):
-        return value
-    data = value.data if isinstance(value, WeightData) else value
-    if isinstance(data, (np.ndarray, LazyTensor)):
-        return data
-    return to_host_array(data)
+__all__ = ["place_sharded", "read_block"]
 
 
 def read_block(value: Any, layout: DeviceLayout | None, index: Sequence[slice]) -> np.ndarray:
     """Block ``index`` (slices over the laid-out stored array) of a stored value: the source
     rows/columns the layout puts there, zeros where it pads."""
-    src = stored_array(value)
+    src = host_indexable(value)
     index = tuple(index)
     if layout is None:
         return np.asarray(src[index])

@@ -437,12 +437,12 @@ class DeviceLayout:
         if self.axis != rank - 1:
             return self
         bpe, bsize = encoding.block_parameters
-        if len(self.index) % bpe:
-            raise ValueError(f"{name}: {len(self.index)} laid-out columns are not whole {encoding.value} blocks of {bpe}")
-        blocks = self.index.reshape(-1, bpe)
-        first = blocks[:, 0]
-        aligned = np.where(first[:, None] >= 0, first[:, None] + np.arange(bpe), -1)
-        if (first[first >= 0] % bpe).any() or not np.array_equal(blocks, aligned):
+        blocks = self.index.reshape(-1, bpe) if len(self.index) % bpe == 0 else None
+        first = None if blocks is None else blocks[:, 0]
+        whole = self.block % bpe == 0 and all(size % bpe == 0 for size in self.sizes)
+        if not whole or blocks is None or (first[first >= 0] % bpe).any() or not np.array_equal(
+            blocks, np.where(first[:, None] >= 0, first[:, None] + np.arange(bpe), -1)
+        ):
             sizes = sorted(set(self.sizes))
             raise ValueError(
                 f"{name}: its column split into shards of {sizes} columns cuts {encoding.value} blocks of {bpe} "

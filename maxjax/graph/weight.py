@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from maxjax.driver import to_jax_array
 from maxjax.dtype import DType
@@ -276,7 +277,7 @@ class Weight(TensorValue):
             self.stored_device_layout  # noqa: B018 - validates the strategy against the weight now
         except (ValueError, NotImplementedError) as e:
             self._mesh = old
-            raise ValueError(f"Weight {self.name!r} of shape {list(self._shape)}: cannot place on mesh axis {axis!r} ({n} devices): {e}") from None
+            raise ValueError(f"Weight {self.name!r} of shape {[int(d) for d in self._shape]}: cannot place on mesh axis {axis!r} ({n} devices): {e}") from None
         self._array_cache = None
 
     @property
@@ -307,6 +308,18 @@ class Weight(TensorValue):
         layout = self.stored_device_layout
         shape = tuple(int(d) for d in self._shape)
         return shape if layout is None else layout.shape(shape)
+
+    def storage_array(self, value: Any) -> jax.Array:
+        """A stored value (declared layout) as a ``jax.Array`` with :attr:`storage_sharding`: on a
+        mesh each process reads and places only its devices' blocks (what checkpoints save)."""
+        sharding = self.storage_sharding
+        if isinstance(sharding, jax.sharding.NamedSharding):
+            from maxjax.graph.weights.lazy import host_indexable
+
+            host = host_indexable(value)
+            shape = tuple(int(d) for d in self._shape)
+            return jax.make_array_from_callback(shape, sharding, lambda index: np.asarray(host[index]))
+        return to_jax_array(value, sharding)
 
     def to_device_layout(self, value: Any) -> Any:
         """A stored value (declared layout; GGUF bytes for a quantized weight) in this weight's
@@ -369,11 +382,15 @@ class Weight(TensorValue):
             value = host._resolve(graph)
             from maxjax.graph.ops._core import apply
 
+            from maxjax.graph.ops.shape import transfer_to
+
             layout = host.device_layout
             if layout is not None:  # the host's value is all its shards laid out: take this one's block
-                return apply(layout.shard, value, _name=f"shard[{self.shard_idx}]", i=self.shard_idx)
-            strategy = host._sharding_strategy
-            return apply(strategy.shard, value, _name=f"shard[{self.shard_idx}]", i=self.shard_idx, num_devices=strategy.num_devices)
+                shard = apply(layout.shard, value, _name=f"shard[{self.shard_idx}]", i=self.shard_idx)
+            else:
+                strategy = host._sharding_strategy
+                shard = apply(strategy.shard, value, _name=f"shard[{self.shard_idx}]", i=self.shard_idx, num_devices=strategy.num_devices)
+            return transfer_to(shard, self._device)  # as MAX: strategy(host, i).to(device)
         if graph is None:
             from maxjax.graph.graph import current_graph
 

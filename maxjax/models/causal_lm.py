@@ -142,7 +142,7 @@ class CausalLM:
         dp = self.mesh_axes[0] if self.mesh_axes[0] in names else None
         tp = self.mesh_axes[1] if self.mesh_axes[1] in names else None
         kv = self.functions_kv_heads
-        if tp is not None and kv % self.mesh.shape[tp]:
+        if tp is not None and (self.mesh.shape[tp] == 1 or kv % self.mesh.shape[tp]):
             tp = None  # a replicated model (tp of 1 or no strategy) keeps the cache's heads whole
         return {
             "rows": NamedSharding(self.mesh, P(dp, None)),

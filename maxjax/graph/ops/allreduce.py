@@ -14,8 +14,14 @@ from typing import Any, Iterable
 
 from maxjax.graph.ops._core import apply
 from maxjax.graph.ops.shape import transfer_to
+from maxjax.graph.value import TensorValue
 
-__all__ = ["sum", "check_group", "check_devices"]
+__all__ = ["sum", "as_values", "check_devices", "check_group", "check_signals"]
+
+
+def as_values(inputs: Iterable[Any]) -> list[Any]:
+    """The inputs as TensorValues (concrete arrays wrapped: their devices are where they live)."""
+    return [x if isinstance(x, TensorValue) else TensorValue(x) for x in inputs]
 
 
 def check_signals(inputs: list[Any], signal_buffers: Iterable[Any]) -> None:
@@ -73,7 +79,7 @@ def sum(inputs: Iterable[Any], signal_buffers: Iterable[Any], group_size: int | 
         ValueError: MAX's checks, in MAX's order: one signal buffer per input, the group size,
             the same shape within each group, unique devices.
     """
-    inputs = list(inputs)
+    inputs = as_values(inputs)
     check_signals(inputs, signal_buffers)
     group_size = check_group("allreduce.sum", inputs, group_size)
     for start in builtins.range(0, len(inputs), group_size):
@@ -86,6 +92,7 @@ def sum(inputs: Iterable[Any], signal_buffers: Iterable[Any], group_size: int | 
     out = []
     for start in builtins.range(0, len(inputs), group_size):
         group = inputs[start : start + group_size]
-        total = apply(_sum_of, *group, _name="allreduce.sum")
+        here = group[0].device  # eagerly the values meet on one device; in a program XLA places them
+        total = apply(_sum_of, *(transfer_to(x, here) for x in group), _name="allreduce.sum")
         out.extend(transfer_to(total, x.device) for x in group)
     return out

@@ -125,7 +125,11 @@ def transfer_to(x: Any, device: Any) -> Any:
     """``x`` moved to ``device`` (a DeviceRef). Eagerly the value moves at once; in a compiled
     program (graph mode, ``jax.jit``) the transfer is left to XLA's placement of the program, and
     the value is unchanged."""
-    return apply(_transfer, x, _name="transfer_to", device=DeviceRef.from_device(device))
+    device = DeviceRef.from_device(device)
+    out = apply(_transfer, x, _name="transfer_to", device=device)
+    if isinstance(out, TensorValue) and out._node is not None:
+        out._node.device = device  # the recorded value lives on the target device
+    return out
 
 
 def _identity(x: Any) -> Any:
@@ -212,9 +216,9 @@ def allgather(inputs: Iterable[Any], signal_buffers: Iterable[Any], axis: int = 
             another rank, dtype or shape off ``axis`` within a group.
         IndexError: ``axis`` out of range.
     """
-    from maxjax.graph.ops.allreduce import check_devices, check_group, check_signals
+    from maxjax.graph.ops.allreduce import as_values, check_devices, check_group, check_signals
 
-    inputs = list(inputs)
+    inputs = as_values(inputs)
     check_signals(inputs, signal_buffers)
     if not inputs:
         return inputs
@@ -240,7 +244,7 @@ def allgather(inputs: Iterable[Any], signal_buffers: Iterable[Any], axis: int = 
                     "allgather operation inputs must have the same shape in all dimensions except the concatenation "
                     f"dimension within each group. inputs={inputs}"
                 )
-        gathered = concat(group, axis=axis)
+        gathered = concat([transfer_to(x, group[0].device) for x in group], axis=axis)
         out.extend(transfer_to(gathered, x.device) for x in group)
     return out
 

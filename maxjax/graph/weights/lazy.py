@@ -16,7 +16,7 @@ import numpy as np
 
 from maxjax.graph.weights._host import MappedFile
 
-__all__ = ["LazyTensor", "bytes_read", "reset_bytes_read"]
+__all__ = ["LazyTensor", "bytes_read", "host_indexable", "reset_bytes_read"]
 
 _READ: dict[str, int] = {}
 _LOCK = threading.Lock()
@@ -102,3 +102,17 @@ class LazyTensor:
 
     def __repr__(self) -> str:
         return f"LazyTensor({self.dtype}, {list(self.shape)}, {self.mapped.path}@{self.offset})"
+
+
+def host_indexable(value: Any) -> Any:
+    """A host array of a stored value that can be indexed without reading the rest: a
+    ``WeightData``'s data, a LazyTensor or NumPy array as they are, anything else as a NumPy copy."""
+    from maxjax.driver import to_host_array
+    from maxjax.graph.weights.weight_data import WeightData
+
+    if isinstance(value, (np.ndarray, LazyTensor)):
+        return value
+    data = value.data if isinstance(value, WeightData) else value
+    if isinstance(data, (np.ndarray, LazyTensor)):
+        return data
+    return to_host_array(data)

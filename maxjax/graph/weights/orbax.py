@@ -83,7 +83,7 @@ def _state_of(state: Any) -> tuple[dict[str, jax.Array], dict[str, Any]]:
         values = state.state_dict(auto_initialize=False)  # raises ValueError naming an unloaded weight
         arrays = {}
         for fqn, w in state.raw_state_dict().items():
-            arrays[fqn] = to_jax_array(values[fqn], w.sharding)
+            arrays[fqn] = w.storage_array(values[fqn])  # the declared layout, sharded as stored
             enc = w.quantization_encoding
             if enc is not None:
                 _, shape = w.original_dtype_and_shape
