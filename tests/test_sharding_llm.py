@@ -139,3 +139,19 @@ def test_mesh_arguments_errors_are_one_line(args, message):
     out, err = p.communicate(timeout=120)
     assert p.returncode == 1 and "Traceback" not in err
     assert err.strip().count("\n") == 0 and message in err, err
+
+
+def test_inspect_shows_each_weights_partition_spec_and_bytes_per_device(capsys):
+    import json
+
+    from maxjax.cli import main
+
+    assert main(["inspect", "--json", "--mesh", "dp=2,tp=4", "--quantized-layout", "nibbles", str(smollm2_gguf_path())]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {r["name"]: r for r in report["weights"]}
+    assert report["mesh"] == {"dp": 2, "tp": 4} and len(rows) == 272
+    q = rows["layers.0.self_attn.q_proj.weight"]  # 9 heads in 3 KV groups over 4 devices: padded to 4 groups
+    assert q["spec"] == ["tp", None] and q["runtime_shape"] == [768, 576] and q["layout"] == "nibbles"
+    assert q["bytes_per_device"] * 4 == q["bytes"] == 768 * 576 // 32 * 20  # Q4_1 nibbles: the file's bytes
+    assert rows["norm.weight"]["spec"] == [None] and rows["norm.weight"]["bytes_per_device"] == 576 * 4
+    assert rows["layers.3.mlp.down_proj.weight"]["spec"] == [None, "tp"]

@@ -22,7 +22,7 @@ from maxjax.graph.quantization import to_layout
 from maxjax.graph.sharding import DeviceLayout
 from maxjax.graph.weights.lazy import host_indexable
 
-__all__ = ["place_sharded", "read_block"]
+__all__ = ["place_sharded", "placement_report", "read_block"]
 
 
 def read_block(value: Any, layout: DeviceLayout | None, index: Sequence[slice]) -> np.ndarray:
@@ -97,3 +97,39 @@ def place_sharded(
         arrays = [jax.device_put(jax.tree.leaves(b)[i], d) for d, b in per_device]
         joined.append(jax.make_array_from_single_device_arrays(leaf.shape, target, arrays))
     return jax.tree.unflatten(tree, joined)
+
+
+def placement_report(module: Any, quantized_layout: str) -> list[dict[str, Any]]:
+    """How each weight of a module placed on a mesh (``module.to(mesh)``) sits on its devices, from
+    shapes alone (nothing is read): ``{"name", "shape" (declared), "runtime_shape", "spec" (the
+    ``PartitionSpec``), "layout" (a quantized weight's runtime layout, else its dtype),
+    "bytes_per_device", "bytes"}`` per weight.
+
+    Args:
+        module: a module whose weights are placed on a mesh.
+        quantized_layout: the runtime layout of GGUF-quantized weights (``"nibbles"``, ...).
+    """
+    rows = []
+    for fqn, w in module.raw_state_dict().items():
+        sharding = w.sharding
+        shape = tuple(int(d) for d in w.stored_shape)
+        if w._is_gguf_quantized():
+            value = jax.eval_shape(lambda p: to_layout(quantized_layout, w.quantization_encoding, p), jax.ShapeDtypeStruct(shape, np.uint8))
+            layout, runtime = value.layout, tuple(value.shape)
+        else:
+            value = jax.ShapeDtypeStruct(shape, w.dtype.to_jax())
+            layout, runtime = w.dtype.name, shape
+        total = per_device = 0
+        for leaf in jax.tree.leaves(value):
+            nbytes = int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+            total += nbytes
+            parts = 1
+            if isinstance(sharding, jax.sharding.NamedSharding):
+                for axes in sharding.spec:
+                    for name in axes if isinstance(axes, tuple) else (axes,) if axes else ():
+                        parts *= sharding.mesh.shape[name]
+            per_device += nbytes // parts
+        spec = sharding.spec if isinstance(sharding, jax.sharding.NamedSharding) else None
+        rows.append({"name": fqn, "shape": [int(d) for d in w.shape], "runtime_shape": list(runtime), "spec": spec,
+                     "layout": layout, "bytes_per_device": per_device, "bytes": total})  # fmt: skip
+    return rows

@@ -17,7 +17,6 @@ is :mod:`maxjax.models.generation`.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ from maxjax.graph import Graph, TensorType
 from maxjax.models import generation
 from maxjax.models.decoding import DecoderFunctions, cache_shapes
 from maxjax.models.generation import Generation
-from maxjax.models.registry import for_gguf, for_hf_config
+from maxjax.models.checkpoint import module_from_gguf, module_from_pretrained_dir
 from maxjax.models.sampling import check_sampling, greedy, sample
 
 __all__ = ["CausalLM", "Generation"]
@@ -174,14 +173,9 @@ class CausalLM:
             ValueError: an unsupported architecture (naming it and the supported ones), or a file
                 that cannot be read.
         """
-        from maxjax.graph.weights import GGUFWeights
         from maxjax.tokenizer import Tokenizer
 
-        weights = GGUFWeights(path, lazy=mesh is not None)  # on a mesh, each process reads its own shards
-        arch = for_gguf(weights.metadata.get("general.architecture"), str(path))
-        config = arch.config_from_gguf(weights, str(path))
-        module = arch.build(config, dtype)
-        module.load_state_dict(arch.weights_from_gguf(weights, config), override_quantization_encoding=True, weight_alignment=1)
+        module, config, weights = module_from_gguf(path, dtype, lazy=mesh is not None)  # a mesh: each process reads its shards
         return cls(module, config, Tokenizer.from_gguf(weights.reader), dtype, progress, str(path), quantized_layout, policy,
                    mesh, mesh_axes)  # fmt: skip
 
@@ -201,23 +195,11 @@ class CausalLM:
         Raises:
             ValueError: a missing ``config.json``, no safetensors, or an unsupported architecture.
         """
-        from maxjax.graph.weights import load_weights
         from maxjax.tokenizer import Tokenizer
 
-        d = Path(directory)
-        cfg_path = d / "config.json"
-        if not cfg_path.is_file():
-            raise ValueError(f"{d}: no config.json (a Hugging Face model directory needs one)")
-        cfg = json.loads(cfg_path.read_text())
-        arch = for_hf_config(cfg, str(cfg_path))
-        config = arch.config_from_hf(cfg, str(cfg_path))
-        files = sorted(str(p) for p in d.glob("*.safetensors"))
-        if not files:
-            raise ValueError(f"{d}: no *.safetensors files")
-        module = arch.build(config, dtype)
-        module.load_state_dict(arch.weights_from_hf(load_weights(files), config), weight_alignment=1)
-        return cls(module, config, Tokenizer.from_pretrained_dir(d), dtype, progress, str(d), quantized_layout, policy,
-                   mesh, mesh_axes)  # fmt: skip
+        module, config = module_from_pretrained_dir(directory, dtype)
+        return cls(module, config, Tokenizer.from_pretrained_dir(Path(directory)), dtype, progress, str(directory),
+                   quantized_layout, policy, mesh, mesh_axes)  # fmt: skip
 
     # -- running ---------------------------------------------------------------------------------
     def cache_shapes(self, batch: Any, cache_len: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
