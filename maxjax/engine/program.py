@@ -168,6 +168,8 @@ class Program:
                 values, w.stored_device_layout, w.stored_shape, target, stacked=stacked,
                 encoding=w.quantization_encoding if gguf else None, quantized_layout=layout,
             )  # fmt: skip
+        if not stacked and not gguf and w.device_layout is None and w._quantized_class() is None:
+            return to_jax_array(values[0], target)  # a device array stays on the device
         host = [w.to_device_layout(to_host_array(v)) for v in values]
         value = np.stack(host) if stacked else host[0]
         if gguf:
