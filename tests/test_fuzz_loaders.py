@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fuzz_cases import build_cases  # noqa: E402
+from fuzz_cases import build_cases, build_model_cases  # noqa: E402
 
 SEED = 17
 REPO = Path(__file__).resolve().parent.parent
@@ -113,7 +113,10 @@ def judge(case: dict, res: dict) -> str | None:
     status = res["status"]
     if status in ("hang", "crash", "not run"):
         return f"{status} {res.get('code', '')}".strip()
+    if case["family"] == "cli":
+        return judge_cli(case, res)
     names = res.get("names") or case.get("names") or []
+    fields = case.get("fields") or []
     if status == "raised":
         msg = res["message"]
         if not res["clean_type"]:
@@ -122,6 +125,8 @@ def judge(case: dict, res: dict) -> str | None:
             return f"message of {msg.count(chr(10)) + 1} lines: {msg[:300]!r}"
         if names and not any(n in msg for n in names):
             return f"message names none of {names}: {msg[:300]}"
+        if fields and not any(f in msg for f in fields):
+            return f"message names none of the fields {fields}: {msg[:300]}"
         if res.get("changed"):
             return f"raised but changed {res['changed']}"
         if case["expect"] == "ok":
@@ -134,6 +139,33 @@ def judge(case: dict, res: dict) -> str | None:
     return None
 
 
+def judge_cli(case: dict, res: dict) -> str | None:
+    """A ``maxjax generate`` run: exit status 0 and one summary line on stderr, or exit status 1 or 2
+    (argparse) and one error line naming the argument or file at fault; never a traceback."""
+    if res["status"] == "raised":
+        return f"traceback: {res['type']}: {res['message'][:300]}"
+    code, err = res["exit"], res["stderr"]
+    lines = err.splitlines()
+    if code == 0:
+        if case["expect"] == "error":
+            return f"exit status 0 for arguments that must be refused; stderr {err[-300:]!r}"
+        if len(lines) != 1 or not lines[0].startswith("["):
+            return f"exit status 0, but stderr is not one summary line: {err[-600:]!r}"
+        return None
+    if case["expect"] == "ok":
+        return f"exit status {code} for valid arguments: {err[-300:]!r}"
+    if code not in (1, 2):
+        return f"exit status {code}: {err[-300:]!r}"
+    if len(lines) != 1 or "Traceback" in err or not lines[0].startswith("maxjax generate: error: "):
+        return f"stderr is not one error line: {err[-600:]!r}"
+    names, fields = case.get("names") or [], case.get("fields") or []
+    if names and not any(n in err for n in names):
+        return f"the error names none of {names}: {err.strip()[:300]}"
+    if fields and not any(f in err for f in fields):
+        return f"the error names none of {fields}: {err.strip()[:300]}"
+    return None
+
+
 def test_every_corrupt_input_loads_correctly_or_fails_cleanly(tmp_path):
     t0 = time.monotonic()
     cases = build_cases(tmp_path / "inputs", SEED)
@@ -141,6 +173,23 @@ def test_every_corrupt_input_loads_correctly_or_fails_cleanly(tmp_path):
     results = run_watched(cases, tmp_path)
     failures = {c["id"]: why for c in cases if (why := judge(c, results[c["id"]]))}
     by_family = Counter(cid.split("/")[0] for cid in failures)
+    report = "\n".join(f"  {cid}: {why}" for cid, why in sorted(failures.items()))
+    print(f"{len(cases)} cases, {len(failures)} failed {dict(by_family)} in {time.monotonic() - t0:.1f} s")
+    assert not failures, f"{len(failures)} of {len(cases)} cases failed {dict(by_family)}:\n{report}"
+
+
+def test_every_corrupt_model_and_argument_set_loads_correctly_or_fails_cleanly(tmp_path, monkeypatch):
+    """GGUF metadata and tensor headers, config.json and its tensors, and ``maxjax generate``
+    arguments (see ``build_model_cases``): a correct load (the config the file says, two generated
+    tokens, the unchanged model's tokens where the change keeps the model) or one clean line naming
+    the file and the field; never a traceback, hang, crash or silent change."""
+    t0 = time.monotonic()
+    cases = build_model_cases(tmp_path / "inputs", SEED)
+    assert len(cases) >= 300
+    monkeypatch.setenv("MAXJAX_FUZZ_CACHE_DIR", str(tmp_path / "jax-cache"))
+    results = run_watched(cases, tmp_path)
+    failures = {c["id"]: why for c in cases if (why := judge(c, results[c["id"]]))}
+    by_family = Counter("/".join(cid.split("/")[:2]) if cid.startswith("llama/") else cid.split("/")[0] for cid in failures)
     report = "\n".join(f"  {cid}: {why}" for cid, why in sorted(failures.items()))
     print(f"{len(cases)} cases, {len(failures)} failed {dict(by_family)} in {time.monotonic() - t0:.1f} s")
     assert not failures, f"{len(failures)} of {len(cases)} cases failed {dict(by_family)}:\n{report}"

@@ -32,7 +32,7 @@ from maxjax.graph import Graph, TensorType
 from maxjax.models import generation
 from maxjax.models.decoding import DecoderFunctions, cache_shapes
 from maxjax.models.generation import Generation
-from maxjax.models.registry import for_gguf, for_hf_config
+from maxjax.models.registry import for_gguf, for_hf_config, read_hf_config
 from maxjax.models.sampling import check_sampling, greedy, sample
 
 __all__ = ["CausalLM", "Generation"]
@@ -179,11 +179,11 @@ class CausalLM:
 
         weights = GGUFWeights(path, lazy=mesh is not None)  # on a mesh, each process reads its own shards
         arch = for_gguf(weights.metadata.get("general.architecture"), str(path))
-        config = arch.config_from_gguf(weights, str(path))
+        config = arch.config_from_gguf(weights, str(path))  # checks the metadata against the tensors
+        tokenizer = Tokenizer.from_gguf(weights.reader)  # its checks too, before anything is built
         module = arch.build(config, dtype)
         module.load_state_dict(arch.weights_from_gguf(weights, config), override_quantization_encoding=True, weight_alignment=1)
-        return cls(module, config, Tokenizer.from_gguf(weights.reader), dtype, progress, str(path), quantized_layout, policy,
-                   mesh, mesh_axes)  # fmt: skip
+        return cls(module, config, tokenizer, dtype, progress, str(path), quantized_layout, policy, mesh, mesh_axes)
 
     @classmethod
     def from_pretrained_dir(
@@ -208,16 +208,17 @@ class CausalLM:
         cfg_path = d / "config.json"
         if not cfg_path.is_file():
             raise ValueError(f"{d}: no config.json (a Hugging Face model directory needs one)")
-        cfg = json.loads(cfg_path.read_text())
+        cfg = read_hf_config(cfg_path)
         arch = for_hf_config(cfg, str(cfg_path))
         config = arch.config_from_hf(cfg, str(cfg_path))
         files = sorted(str(p) for p in d.glob("*.safetensors"))
         if not files:
             raise ValueError(f"{d}: no *.safetensors files")
+        tokenizer = Tokenizer.from_pretrained_dir(d)
+        state = arch.weights_from_hf(load_weights(files), config)  # checks the tensors against the config
         module = arch.build(config, dtype)
-        module.load_state_dict(arch.weights_from_hf(load_weights(files), config), weight_alignment=1)
-        return cls(module, config, Tokenizer.from_pretrained_dir(d), dtype, progress, str(d), quantized_layout, policy,
-                   mesh, mesh_axes)  # fmt: skip
+        module.load_state_dict(state, weight_alignment=1)
+        return cls(module, config, tokenizer, dtype, progress, str(d), quantized_layout, policy, mesh, mesh_axes)
 
     # -- running ---------------------------------------------------------------------------------
     def cache_shapes(self, batch: Any, cache_len: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
