@@ -590,7 +590,7 @@ def build_llama_gguf(root: Path, rng: np.random.Generator, cases: list[dict]) ->
         "llama.rope.dimension_count": (None, L.HEAD_DIM, False),
         "llama.vocab_size": ("vocab_size", L.VOCAB, False),  # the default (the token count) is the same
     }
-    for key, (field, v, required) in ints.items():
+    for n_key, (key, (field, v, required)) in enumerate(ints.items()):
         short = key.split(".", 1)[1]
         bad: list[tuple[str, Any]] = [
             ("u32", 0), ("i32", -1), ("i32", -v), ("u32", 2**32 - 1), ("u64", 2**63), ("i64", -(2**63)), ("f32", 1.5),
@@ -598,7 +598,8 @@ def build_llama_gguf(root: Path, rng: np.random.Generator, cases: list[dict]) ->
         ]
         for kind, value in bad:
             add(f"{short}-{kind}-{value}", meta_with(key, (kind, value)), base_tensors, "error", [key])
-        for kind, value in (("i32", v), ("u64", v), ("i64", v), ("f32", float(v)), ("f64", float(v)), ("str", str(v)), ("arr", [v])):
+        other_int = ("i32", "u64", "i64")[n_key % 3]  # another integer type of the same value loads the same model
+        for kind, value in ((other_int, v), ("f32", float(v)), ("f64", float(v)), ("str", str(v)), ("arr", [v])):
             add(f"{short}-{kind}-{value}-same", meta_with(key, (kind, value)), base_tensors, "either", [key], same=True)
         if key == "llama.context_length":  # a valid other context
             for value in (64, 4096, _INT32_MAX):
@@ -613,7 +614,7 @@ def build_llama_gguf(root: Path, rng: np.random.Generator, cases: list[dict]) ->
         short = key.split(".", 1)[1]
         for kind, value in (("f32", 0.0), ("f32", -0.0), ("f32", -v), ("f32", float("nan")), ("f32", float("inf")), ("f32", float("-inf")), ("f64", float("nan")), ("str", "lots"), ("str", ""), ("bool", True), ("arr", [v]), ("i32", -1), ("u32", 0)):
             add(f"{short}-{kind}-{value}", meta_with(key, (kind, value)), base_tensors, "error", [key])
-        for kind, value in (("f64", v), ("u32", 1), ("f32", 1e-30 if field == "rms_norm_eps" else 1e30), ("f32", 0.5)):
+        for kind, value in (("f64", v), ("u32", 1)):  # each value compiles a program of its own: few
             stored = _f32(value) if kind == "f32" else float(value)
             add(f"{short}-{kind}-{value}", meta_with(key, (kind, value)), base_tensors, "either", [key], {**pristine_config, field: stored})
         if field == "rope_theta":
@@ -819,7 +820,8 @@ def build_llama_hf(root: Path, rng: np.random.Generator, cases: list[dict]) -> s
     for key, (v, default) in floats.items():
         for value in (0, -1.0, float("nan"), float("inf"), float("-inf"), "lots", "1e-5", True, [v], {}):
             add(f"{key}-{json.dumps(value)}", with_key(key, value), "error", [key])
-        add(f"{key}-1", with_key(key, 1), "ok", [key], _llama_config(**{key: 1.0}))
+        if key == "rope_theta":  # an integer where a float is expected (as many config.json files have it)
+            add(f"{key}-{int(v)}", with_key(key, int(v)), "ok", [key], same=True)
         for how, value in (("null", None), ("deleted", _DELETE)):
             add(f"{key}-{how}", with_key(key, value), "ok", [key], _llama_config(**{key: default}), same=default == v)
     others = [
@@ -908,8 +910,7 @@ def build_cli(root: Path, rng: np.random.Generator, cases: list[dict], models: d
     add("ok", [*base, "hello world"], "ok", [])
     add("ok-sampling", [*base, "--temperature", "0.8", "--top-k", "5", "--top-p", "0.9", "--seed", "3", "hello"], "ok", [])
     add("ok-bfloat16", [*base, "--dtype", "bfloat16", "hello"], "ok", [])
-    for layout in ("packed", "unpacked", "dequantized"):
-        add(f"ok-layout-{layout}", [*base, "--quantized-layout", layout, "hello"], "ok", [])
+    add("ok-layout-unpacked", [*base, "--quantized-layout", "unpacked", "hello"], "ok", [])
     add("ok-hf", ["--model", models["llama/hf/pristine"], "--max-new-tokens", "2", "hello"], "ok", [])
     add("chat-without-template", [*base, "--chat", "hello"], "either", ["chat"])
     for flag, values in {

@@ -83,8 +83,8 @@ def test_a_lying_block_count_is_refused_in_well_under_a_second_before_building(t
         ({"llama__rope__freq_base": ("f32", 0.0)}, r"llama\.rope\.freq_base must be a finite number > 0, got 0\.0"),
         ({"llama__rope__freq_base": ("f32", float("inf"))}, r"llama\.rope\.freq_base must be a finite number > 0, got inf"),
         ({"llama__attention__key_length": ("u32", 15)}, r"llama\.attention\.key_length must be even .* got 15"),
-        ({"llama__attention__value_length": ("u32", 8)}, r"llama\.attention\.value_length is 8, but the head size is 16"),
-        ({"llama__rope__dimension_count": ("u32", 8)}, r"llama\.rope\.dimension_count is 8, but the head size is 16: partial rotary"),
+        ({"llama__attention__value_length": ("u32", 8)}, r"llama\.attention\.value_length is 8, but the head size \(llama\.embedding_length / llama\.attention\.head_count = 64 / 4\) is 16"),
+        ({"llama__rope__dimension_count": ("u32", 8)}, r"llama\.rope\.dimension_count is 8, but the head size \(.*\) is 16: partial rotary"),
         ({"llama__expert_count": ("u32", 8)}, r"llama\.expert_count is 8: mixture-of-experts"),
         ({"llama__rope__scaling__factor": ("str", "lots")}, r"llama\.rope\.scaling\.factor must be a finite number > 0, got 'lots'"),
         ({"llama__vocab_size": ("u32", 200)}, r"tokenizer\.ggml\.tokens has 264 tokens, more than llama\.vocab_size \(200\)"),
@@ -133,7 +133,7 @@ def test_tensors_are_checked_against_the_metadata(tmp_path, no_build):
     _refused(_gguf(tmp_path, tensors=_with("blk.1.ffn_up.weight", None), name="c.gguf"), r"tensor blk\.1\.ffn_up\.weight is missing")
     _refused(_gguf(tmp_path, tensors=_with("blk.2.attn_q.weight", _q((64, 64))), name="d.gguf"), r"llama\.block_count is 2, but the file has tensors of block 2")
     _refused(_gguf(tmp_path, tensors=_with("blk.0.attn_q.bias", _q((64,), None)), name="e.gguf"), r"tensor blk\.0\.attn_q\.bias is not a llama tensor")
-    _refused(_gguf(tmp_path, tensors=_with("blk.0.attn_norm.weight", _q((64,), T.Q8_0)), name="f.gguf"), r"tensor blk\.0\.attn_norm\.weight is Q8_0; a llama norm weight must be F32, F16 or BF16")
+    _refused(_gguf(tmp_path, tensors=_with("blk.0.attn_norm.weight", _q((64,), T.Q8_0)), name="f.gguf"), r"tensor blk\.0\.attn_norm\.weight is Q8_0; maxjax's llama takes a norm weight as F32$")
     _refused(_gguf(tmp_path, tensors=_with("blk.0.attn_k.weight", (np.zeros((32, 64), np.int32), None)), name="g.gguf"), r"tensor blk\.0\.attn_k\.weight is I32")
     _refused(
         _gguf(tmp_path, tensors=_with("blk.0.attn_q.weight", _q((64, 64), T.Q8_0)), name="h.gguf"),
@@ -194,7 +194,7 @@ def test_hugging_face_tensors_are_checked(tmp_path, no_build):
     _refused(_hf(tmp_path, tensors=t, name="a"), r"model\.safetensors: tensor model\.layers\.0\.input_layernorm\.weight holds 1 non-finite value\(s\) \(inf at index 3\)")
     t = L.hf_tensors()
     t["model.layers.1.self_attn.k_proj.weight"] = t["model.layers.1.self_attn.k_proj.weight"].astype(np.int32)
-    _refused(_hf(tmp_path, tensors=t, name="b"), r"tensor model\.layers\.1\.self_attn\.k_proj\.weight is int32; a llama weight must be float32, float16 or bfloat16")
+    _refused(_hf(tmp_path, tensors=t, name="b"), r"tensor model\.layers\.1\.self_attn\.k_proj\.weight is int32; maxjax's llama takes float32 weights only")
     t = L.hf_tensors()
     t["model.layers.0.mlp.gate_proj.bias"] = np.zeros(96, np.float32)
     _refused(_hf(tmp_path, tensors=t, name="c"), r"tensor model\.layers\.0\.mlp\.gate_proj\.bias is not a llama tensor")
@@ -268,3 +268,5 @@ def test_the_synthetic_model_round_trips_its_config(tmp_path):
     gguf_config = LlamaConfig.from_gguf_metadata(dict((k, v) for k, _, v in L.gguf_metadata()) | {"general.architecture": "llama"}, False, "x")
     hf_config = LlamaConfig.from_hf_config(json.loads(json.dumps(L.hf_config())))
     assert dataclasses.replace(gguf_config, rms_norm_eps=L.RMS_EPS) == hf_config == LlamaConfig(**L.CONFIG)
+    defaults = {k: v for k, v in L.hf_config().items() if k not in ("head_dim", "num_key_value_heads", "rope_theta", "rms_norm_eps")}
+    assert LlamaConfig.from_hf_config(defaults) == LlamaConfig(**{**L.CONFIG, "num_key_value_heads": L.HEADS, "rms_norm_eps": 1e-6})

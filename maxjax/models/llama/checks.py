@@ -203,13 +203,12 @@ def _non_finite(values: np.ndarray) -> str | None:
     return f"holds {bad.size} non-finite value(s) ({values.reshape(-1)[bad[0]]} at index {int(bad[0])})"
 
 
-_GGUF_FLOATS = ("F32", "F16", "BF16")
-
-
 def _gguf_type_ok(kind: str, qtype: Any) -> bool:
+    """Whether the llama module takes a GGUF tensor of this type: F32 (its weights are float32;
+    F16/BF16 are not converted), or for a matrix a quantized type maxjax reads (kept packed)."""
     from maxjax.graph.quantization import QuantizationEncoding
 
-    if qtype.name in _GGUF_FLOATS:
+    if qtype.name == "F32":
         return True
     if kind == "norm":
         return False
@@ -237,8 +236,8 @@ def check_gguf_tensors(weights: Any, config: Any, source: str, arch: str = "llam
     In order: every tensor is llama's; the blocks present are exactly ``{arch}.block_count``;
     every expected tensor is there; the tensors lie one after another as their types and shapes
     say (a type or a dimension rewritten in the header moves where a tensor would end); each
-    tensor has the shape the config gives and a type the model takes (norms F32/F16/BF16,
-    matrices those or a quantized type maxjax reads); a block tensor has one type in every block;
+    tensor has the shape the config gives and a type the model takes (norms F32, matrices F32 or
+    a quantized type maxjax reads); a block tensor has one type in every block;
     the tensors fit in the memory available
     (:func:`~maxjax.models.loading.check_fits_in_memory`); the norm weights are finite.
 
@@ -309,8 +308,8 @@ def check_gguf_tensors(weights: Any, config: Any, source: str, arch: str = "llam
         shape = tuple(reversed([int(d) for d in t.shape]))
         _check_shape(source, t.name, shape, dims, values, labels)
         if not _gguf_type_ok(kind, t.tensor_type):
-            allowed = "F32, F16 or BF16" if kind == "norm" else "F32, F16, BF16 or a quantized type maxjax reads"
-            raise ValueError(f"{source}: tensor {t.name} is {t.tensor_type.name}; a llama {kind} weight must be {allowed}")
+            allowed = "F32" if kind == "norm" else f"F32 or a quantized type maxjax reads ({', '.join(_quantized_types())})"
+            raise ValueError(f"{source}: tensor {t.name} is {t.tensor_type.name}; maxjax's llama takes a {kind} weight as {allowed}")
     for role, *_ in _BLOCK:
         types = [by_name[f"blk.{i}.{role}.weight"].tensor_type.name for i in range(n)]
         if len(set(types)) > 1:
@@ -339,16 +338,21 @@ def check_gguf_tensors(weights: Any, config: Any, source: str, arch: str = "llam
                 raise ValueError(f"{source}: tensor {t.name} {bad}")
 
 
+def _quantized_types() -> list[str]:
+    from maxjax.graph.quantization import QuantizationEncoding
+
+    return [e.value for e in QuantizationEncoding if e.is_gguf]
+
+
 def _padded(n: int, align: int) -> int:
     return -(-n // align) * align
 
 
-_HF_FLOATS = ("float32", "float16", "bfloat16")
 
 
 def check_hf_tensors(weights: Any, config: Any) -> None:
     """Checks a Hugging Face llama checkpoint's tensors (names, ``num_hidden_layers``, shapes,
-    dtypes, finite norms, size against the memory available) against ``config`` before anything
+    dtypes (float32: the module's), finite norms, size against the memory available) against ``config`` before anything
     is built or loaded; only the headers and the norm weights are read.
 
     Args:
@@ -400,8 +404,8 @@ def check_hf_tensors(weights: Any, config: Any) -> None:
     for name, (kind, dims) in expect.items():
         info = by_name[name]
         _check_shape(info.file, name, tuple(info.shape), dims, values, _HF_LABELS)
-        if info.dtype not in _HF_FLOATS:
-            raise ValueError(f"{info.file}: tensor {name} is {info.dtype}; a llama weight must be float32, float16 or bfloat16")
+        if info.dtype != "float32":  # the module's weights are float32; others are not converted
+            raise ValueError(f"{info.file}: tensor {name} is {info.dtype}; maxjax's llama takes float32 weights only")
     from maxjax.models.loading import check_fits_in_memory
 
     check_fits_in_memory(sum(i.nbytes for i in infos), ", ".join(files))

@@ -92,6 +92,7 @@ class LlamaConfig:
             )
         if key("attention.key_length") in meta:
             head_dim = size("attention.key_length")
+            head_from = key("attention.key_length")
             if head_dim % 2:
                 raise ValueError(f"{where('attention.key_length')} must be even (rotary embeddings rotate pairs), got {head_dim}")
         else:
@@ -101,6 +102,7 @@ class LlamaConfig:
                     f"the head size is their quotient when {key('attention.key_length')} is not given"
                 )
             head_dim = hidden // heads
+            head_from = f"{key('embedding_length')} / {key('attention.head_count')} = {hidden} / {heads}"
             if head_dim % 2:
                 raise ValueError(
                     f"{where('embedding_length')} / {key('attention.head_count')} = {hidden} / {heads} = {head_dim}: "
@@ -108,7 +110,7 @@ class LlamaConfig:
                 )
         for k, what in (("attention.value_length", "value heads of another size"), ("rope.dimension_count", "partial rotary embeddings")):
             if key(k) in meta and size(k) != head_dim:
-                raise ValueError(f"{where(k)} is {meta[key(k)]}, but the head size is {head_dim}: {what} are not supported")
+                raise ValueError(f"{where(k)} is {meta[key(k)]}, but the head size ({head_from}) is {head_dim}: {what} are not supported")
         tokens = meta.get("tokenizer.ggml.tokens")
         if tokens is not None and not isinstance(tokens, list):
             raise ValueError(f"{source}: tokenizer.ggml.tokens must be a list of strings, got {describe(tokens)}")
