@@ -728,9 +728,13 @@ def build_llama_gguf(root: Path, rng: np.random.Generator, cases: list[dict]) ->
             a = base_tensors[name][0].copy()
             a[int(rng.integers(0, a.size))] = bad
             add(f"nonfinite-{name}-{bad}", base_meta, tensors_with(name, (a, None)), "error", [name])
-    for name, qtype in (("blk.0.attn_q.weight", T.F32), ("token_embd.weight", T.F16), ("blk.1.ffn_down.weight", T.F32)):
+    for name in ("blk.0.attn_q.weight", "token_embd.weight", "blk.1.ffn_down.weight"):  # found only while generating
         shape = (V, H) if name == "token_embd.weight" else L.BLOCK_TENSORS[name.split(".")[2]][1]
-        add(f"nonfinite-{name}-nan-everywhere", base_meta, tensors_with(name, q(shape, qtype, float("nan"))), "error", [name, "non-finite", "NaN"])
+        t = dict(base_tensors)
+        if name.startswith("blk."):  # F32 in every block (one type per block tensor), NaN in one
+            t.update({f"blk.{i}.{name.split('.')[2]}.weight": q(shape, T.F32) for i in range(L.BLOCKS)})
+        t[name] = q(shape, T.F32, float("nan"))
+        add(f"nonfinite-{name}-nan-everywhere", base_meta, t, "error", [name, "non-finite"])
 
     # tensor headers rewritten in place (the data stays where it was)
     raw = pristine.read_bytes()

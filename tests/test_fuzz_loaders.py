@@ -236,5 +236,36 @@ def test_inspect_on_corrupt_inputs_prints_one_line(tmp_path):
     assert not problems, f"{len(problems)} of {len(picks)} inspect runs failed:\n" + "\n".join(problems)
 
 
+def test_generate_on_corrupt_models_prints_one_line(tmp_path):
+    """``python -m maxjax.cli generate`` in a process of its own (what a user sees, absl and XLA
+    lines included): exit status 1, one error line naming the file and the field, no traceback."""
+    cases = {c["id"]: c for c in build_model_cases(tmp_path / "inputs", SEED)}
+    picks = [
+        "llama/gguf/block_count-100000",  # ran past 240 s growing 35 MB/s
+        "llama/gguf/embedding_length-63",  # a bare AssertionError
+        "llama/hf/text-0",  # config.json a list: AttributeError
+        "llama/gguf/nonfinite-blk.0.attn_q.weight-nan-everywhere",  # 0 tokens "eos"
+    ]
+    problems = []
+    for cid in picks:
+        case = cases[cid]
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "maxjax.cli", "generate", "--model", case["path"], "--max-new-tokens", "2", "hello"],
+                capture_output=True, text=True, timeout=START_TIMEOUT_S, env=_env(), cwd=REPO,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            problems.append(f"{cid}: hang (no exit in {START_TIMEOUT_S} s)")
+            continue
+        err = proc.stderr
+        if proc.returncode != 1:
+            problems.append(f"{cid}: exit status {proc.returncode}, stderr {err[-300:]!r}")
+        elif not err.startswith("maxjax generate: error: ") or err.count("\n") != 1 or "Traceback" in err:
+            problems.append(f"{cid}: stderr is not one error line: {err[-600:]!r}")
+        elif case["path"] not in err or not any(f in err for f in case["fields"]):
+            problems.append(f"{cid}: the error does not name the file and one of {case['fields']}: {err!r}")
+    assert not problems, f"{len(problems)} of {len(picks)} generate runs failed:\n" + "\n".join(problems)
+
+
 if __name__ == "__main__":  # pragma: no cover - prints the failures of one run
     pytest.main([__file__, "-q", "-s"])

