@@ -13,7 +13,14 @@ returns the cases as JSON-able dicts:
 - ``orbax``: a checkpoint written by ``save_state``, then each of its files deleted, emptied,
   truncated or bit-flipped, its JSON files replaced, its custom metadata edited;
 - ``load_state_dict``: argument sets (wrong shapes, dtypes, value and key types, symbolic dims,
-  missing and unexpected keys, alignment).
+  missing and unexpected keys, alignment);
+- ``llama`` (:func:`build_model_cases`): a small synthetic llama GGUF (``tests/llama_files.py``)
+  with one metadata key retyped, out of range, deleted or changed, or one tensor missing, extra,
+  reshaped, retyped (rewritten, or in the header only) or non-finite; a Hugging Face directory
+  with its ``config.json`` or tensors changed the same ways; loaded with ``load_model`` and, when
+  they load, generating two tokens;
+- ``cli``: ``maxjax generate`` argument sets (bad values of every flag, bad prompts, bad models),
+  run through ``maxjax.cli.main`` in the runner (exit status, stdout and stderr recorded).
 
 ``python tests/fuzz_cases.py CASES.json`` runs the cases of that file and writes, for each, a line
 ``{"start": id}`` and then a line with the outcome (to the stdout it was started with; anything the
