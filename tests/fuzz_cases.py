@@ -13,7 +13,14 @@ returns the cases as JSON-able dicts:
 - ``orbax``: a checkpoint written by ``save_state``, then each of its files deleted, emptied,
   truncated or bit-flipped, its JSON files replaced, its custom metadata edited;
 - ``load_state_dict``: argument sets (wrong shapes, dtypes, value and key types, symbolic dims,
-  missing and unexpected keys, alignment).
+  missing and unexpected keys, alignment);
+- ``llama`` (:func:`build_model_cases`): a small synthetic llama GGUF (``tests/llama_files.py``)
+  with one metadata key retyped, out of range, deleted or changed, or one tensor missing, extra,
+  reshaped, retyped (rewritten, or in the header only) or non-finite; a Hugging Face directory
+  with its ``config.json`` or tensors changed the same ways; loaded with ``load_model`` and, when
+  they load, generating two tokens;
+- ``cli``: ``maxjax generate`` argument sets (bad values of every flag, bad prompts, bad models),
+  run through ``maxjax.cli.main`` in the runner (exit status, stdout and stderr recorded).
 
 ``python tests/fuzz_cases.py CASES.json`` runs the cases of that file and writes, for each, a line
 ``{"start": id}`` and then a line with the outcome (to the stdout it was started with; anything the
@@ -523,6 +530,456 @@ def build_cases(root: str | os.PathLike[str], seed: int = 17) -> list[dict]:
     return cases
 
 
+# -- llama models: GGUF metadata and tensor headers, config.json, the CLI ------------------------------
+#
+# A small synthetic llama (tests/llama_files.py) written with one thing changed. A case that loads
+# must give the config the file says (``config``: the pristine one with the change) and generate
+# two tokens (the pristine model's tokens where ``same_tokens``); a case that fails must fail with
+# one line naming the file and one of ``fields`` (the metadata key, config.json key, tensor or
+# argument at fault).
+
+_INT32_MAX = 2**31 - 1
+
+
+def _safe(cid: str) -> str:
+    """A file name for a case id."""
+    return "".join(c if c.isalnum() or c in "._=+-" else "_" for c in cid)
+
+
+def _llama_config(**changes: Any) -> dict:
+    import llama_files as L
+
+    return {**L.CONFIG, **changes}
+
+
+def _f32(v: float) -> float:
+    return float(np.float32(v))
+
+
+def build_llama_gguf(root: Path, rng: np.random.Generator, cases: list[dict]) -> str:
+    """Writes the GGUF model cases; returns the pristine file's path."""
+    import gguf
+
+    import llama_files as L
+
+    d = root / "llama_gguf"
+    d.mkdir()
+    T = gguf.GGMLQuantizationType
+    base_meta = L.gguf_metadata()
+    base_tensors = L.gguf_tensors()
+    pristine = L.write_gguf(d / "pristine.gguf", base_meta, base_tensors)
+    pristine_config = _llama_config(rms_norm_eps=_f32(L.RMS_EPS))
+
+    def add(cid: str, meta: list, tensors: dict, expect: str, fields: list[str], config: dict | None = None, same: bool = False, arch: str = "llama", data: bytes | None = None) -> None:
+        p = d / f"{_safe(cid)}.gguf"
+        if data is not None:
+            p.write_bytes(data)
+        else:
+            L.write_gguf(p, meta, tensors, arch=arch)
+        if expect != "error" and config is None:
+            config = pristine_config
+        _case(cases, "llama", f"gguf/{cid}", "model", str(p), expect, [str(p)], fields=fields, config=config, same_tokens=same, reference=str(pristine))
+
+    def meta_with(key: str, entry: tuple[str, Any] | None) -> list:
+        out = [e for e in base_meta if e[0] != key]
+        if entry is not None:
+            out.insert(1, (key, *entry))
+        return out
+
+    add("pristine", base_meta, base_tensors, "ok", [], same=True)
+    ints = {  # key: (LlamaConfig field, pristine value, required)
+        "llama.block_count": ("num_hidden_layers", L.BLOCKS, True),
+        "llama.context_length": ("max_position_embeddings", L.CONTEXT, True),
+        "llama.embedding_length": ("hidden_size", L.HIDDEN, True),
+        "llama.feed_forward_length": ("intermediate_size", L.FFN, True),
+        "llama.attention.head_count": ("num_attention_heads", L.HEADS, True),
+        "llama.attention.head_count_kv": ("num_key_value_heads", L.KV_HEADS, True),  # its default (head_count) does not fit
+        "llama.rope.dimension_count": (None, L.HEAD_DIM, False),
+        "llama.vocab_size": ("vocab_size", L.VOCAB, False),  # the default (the token count) is the same
+    }
+    for n_key, (key, (field, v, required)) in enumerate(ints.items()):
+        short = key.split(".", 1)[1]
+        bad: list[tuple[str, Any]] = [
+            ("u32", 0), ("i32", -1), ("i32", -v), ("u32", 2**32 - 1), ("u64", 2**63), ("i64", -(2**63)), ("f32", 1.5),
+            ("f32", float("nan")), ("str", "lots"), ("str", ""), ("bool", True), ("bool", False), ("arr", [v, v]), ("arr_str", ["x"]),
+        ]
+        for kind, value in bad:
+            add(f"{short}-{kind}-{value}", meta_with(key, (kind, value)), base_tensors, "error", [key])
+        other_int = ("i32", "u64", "i64")[n_key % 3]  # another integer type of the same value loads the same model
+        for kind, value in ((other_int, v), ("f32", float(v)), ("f64", float(v)), ("str", str(v)), ("arr", [v])):
+            add(f"{short}-{kind}-{value}-same", meta_with(key, (kind, value)), base_tensors, "either", [key], same=True)
+        if key == "llama.context_length":  # a valid other context
+            for value in (64, 4096, _INT32_MAX):
+                add(f"{short}-{value}", meta_with(key, ("u32", value)), base_tensors, "ok", [key], _llama_config(rms_norm_eps=_f32(L.RMS_EPS), max_position_embeddings=value))
+            add(f"{short}-{2**31}", meta_with(key, ("u32", 2**31)), base_tensors, "error", [key])
+        else:  # any other size disagrees with the tensors
+            for value in sorted({1, v - 1, v + 1, 2 * v, v // 2, 100000} - {0, v}):
+                add(f"{short}-{value}", meta_with(key, ("u32", value)), base_tensors, "error", [key])
+        add(f"{short}-deleted", meta_with(key, None), base_tensors, "error" if required else "ok", [key], same=not required)
+    floats = {"llama.rope.freq_base": ("rope_theta", L.ROPE_BASE), "llama.attention.layer_norm_rms_epsilon": ("rms_norm_eps", L.RMS_EPS)}
+    for key, (field, v) in floats.items():
+        short = key.split(".", 1)[1]
+        for kind, value in (("f32", 0.0), ("f32", -0.0), ("f32", -v), ("f32", float("nan")), ("f32", float("inf")), ("f32", float("-inf")), ("f64", float("nan")), ("str", "lots"), ("str", ""), ("bool", True), ("arr", [v]), ("i32", -1), ("u32", 0)):
+            add(f"{short}-{kind}-{value}", meta_with(key, (kind, value)), base_tensors, "error", [key])
+        for kind, value in (("f64", v), ("u32", 1)):  # each value compiles a program of its own: few
+            stored = _f32(value) if kind == "f32" else float(value)
+            add(f"{short}-{kind}-{value}", meta_with(key, (kind, value)), base_tensors, "either", [key], {**pristine_config, field: stored})
+        if field == "rope_theta":
+            add(f"{short}-deleted", meta_with(key, None), base_tensors, "ok", [key], same=True)  # llama's default base
+        else:
+            add(f"{short}-deleted", meta_with(key, None), base_tensors, "error", [key])
+    optional = [  # (key, (kind, value), expect)
+        ("llama.attention.key_length", ("u32", L.HEAD_DIM), "ok"),
+        ("llama.attention.key_length", ("u32", L.HEAD_DIM - 1), "error"),
+        ("llama.attention.key_length", ("u32", 2 * L.HEAD_DIM), "error"),
+        ("llama.attention.key_length", ("u32", 0), "error"),
+        ("llama.attention.key_length", ("str", "16"), "either"),
+        ("llama.attention.value_length", ("u32", L.HEAD_DIM), "ok"),
+        ("llama.attention.value_length", ("u32", L.HEAD_DIM // 2), "error"),
+        ("llama.attention.value_length", ("f32", float("nan")), "error"),
+        ("llama.expert_count", ("u32", 8), "error"),
+        ("llama.expert_count", ("u32", 0), "ok"),
+        ("llama.expert_count", ("str", "lots"), "error"),
+        ("llama.rope.scaling.type", ("str", "linear"), "error"),
+        ("llama.rope.scaling.type", ("str", "none"), "ok"),
+        ("llama.rope.scaling.type", ("u32", 1), "error"),
+        ("llama.rope.scaling.factor", ("f32", 1.0), "ok"),
+        ("llama.rope.scaling.factor", ("f32", 4.0), "error"),
+        ("llama.rope.scaling.factor", ("str", "lots"), "error"),
+        ("llama.rope.scaling.factor", ("f32", float("nan")), "error"),
+        ("llama.rope.dimension_count", ("u32", L.HEAD_DIM // 2), "error"),
+    ]
+    for key, entry, expect in optional:
+        add(f"{key.split('.', 1)[1]}-{entry[0]}-{entry[1]}", meta_with(key, entry), base_tensors, expect, [key], same=expect != "error")
+    for arch in ("gpt2", "", "Llama"):
+        add(f"arch-{arch or 'empty'}", base_meta, base_tensors, "error", ["general.architecture", "architecture"], arch=arch)
+    no_tokens = [e for e in base_meta if e[0] != "tokenizer.ggml.tokens"]
+    add("tokens-deleted", no_tokens, base_tensors, "error", ["tokenizer.ggml.tokens"])
+    add("tokens-and-vocab-deleted", [e for e in no_tokens if e[0] != "llama.vocab_size"], base_tensors, "error", ["llama.vocab_size", "tokenizer.ggml.tokens"])
+    tokens = L.vocabulary()
+    more = [e if e[0] != "tokenizer.ggml.tokens" else (e[0], e[1], tokens + ["Ġx"]) for e in base_meta]
+    more = [e if e[0] != "tokenizer.ggml.token_type" else (e[0], e[1], list(e[2]) + [1]) for e in more]
+    add("tokens-beyond-vocab", more, base_tensors, "error", ["tokenizer.ggml.tokens", "llama.vocab_size"])
+    add("tokens-beyond-embd", [e for e in more if e[0] != "llama.vocab_size"], base_tensors, "error", ["token_embd.weight", "tokenizer.ggml.tokens"])
+    add("tokens-string", [e if e[0] != "tokenizer.ggml.tokens" else (e[0], "str", "abc") for e in base_meta], base_tensors, "error", ["tokenizer.ggml.tokens"])
+
+    # tensors: missing, extra, reshaped, retyped, non-finite values
+    def tensors_with(name: str, value: tuple[np.ndarray, Any] | None, after: str | None = None) -> dict:
+        out = dict(base_tensors)
+        if value is None:
+            out.pop(name)
+        else:
+            out[name] = value
+        return out
+
+    def q(shape: tuple[int, ...], qtype: Any = T.Q4_1, fill: float | None = None) -> tuple[np.ndarray, Any]:
+        a = rng.standard_normal(shape) * 0.1 if fill is None else np.full(shape, fill)
+        if qtype is None:
+            return a.astype(np.float32), None
+        if qtype in (T.F16, T.F32):
+            return a.astype(np.float16 if qtype == T.F16 else np.float32), None
+        if qtype == T.I32:
+            return a.astype(np.int32), None
+        return gguf.quants.quantize(a.astype(np.float32), qtype), qtype
+
+    H, V, F = L.HIDDEN, L.VOCAB, L.FFN
+    for name in ("token_embd.weight", "output_norm.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.weight", "blk.1.ffn_norm.weight", "blk.0.attn_v.weight"):
+        add(f"missing-{name}", base_meta, tensors_with(name, None), "error", [name])
+    add("missing-block-1", base_meta, {k: v for k, v in base_tensors.items() if not k.startswith("blk.1.")}, "error", ["llama.block_count", "blk.1"])
+    for name, value, expect in [
+        ("blk.2.attn_q.weight", q((64, H)), "error"),
+        ("blk.02.attn_q.weight", q((64, H)), "error"),
+        ("blk.0.attn_q.bias", q((64,), None), "error"),
+        ("foo.weight", q((4,), None), "error"),
+        ("rope_freqs.weight", q((8,), None), "error"),
+        ("output.weight", q((V + 1, H), T.Q8_0), "error"),
+        ("output.weight", q((V, H // 2), T.F16), "error"),
+        ("output.weight", q((V, H), T.I32), "error"),
+    ]:
+        add(f"extra-{name}-{list(value[0].shape)}-{value[1].name if value[1] is not None else value[0].dtype}", base_meta, tensors_with(name, value), expect, [name])
+    add("extra-output.weight-valid", base_meta, tensors_with("output.weight", q((V, H), T.Q8_0)), "ok", ["output.weight"], _llama_config(rms_norm_eps=_f32(L.RMS_EPS), tie_word_embeddings=False))
+    for name, shape in [
+        ("token_embd.weight", (V + 1, H)),
+        ("token_embd.weight", (V - 8, H)),
+        ("token_embd.weight", (V, H + 32)),
+        ("blk.0.attn_q.weight", (96, H)),
+        ("blk.1.attn_k.weight", (64, H)),
+        ("blk.0.attn_output.weight", (H, 96)),
+        ("blk.1.ffn_up.weight", (128, H)),
+        ("blk.0.ffn_down.weight", (H, 128)),
+        ("blk.0.ffn_gate.weight", (1, F, H)),
+        ("blk.0.attn_norm.weight", (32,)),
+        ("blk.1.ffn_norm.weight", (1, H)),
+        ("output_norm.weight", (H, 1)),
+    ]:
+        qtype = T.Q8_0 if name.startswith("token_embd") else (None if "norm" in name else T.Q4_1)
+        add(f"shape-{name}-{list(shape)}", base_meta, tensors_with(name, q(shape, qtype)), "error", [name])
+    for name, qtype, expect in [
+        ("blk.0.attn_norm.weight", T.F16, "either"),
+        ("blk.0.attn_norm.weight", T.Q8_0, "error"),
+        ("output_norm.weight", T.I32, "error"),
+        ("blk.0.attn_q.weight", T.Q8_0, "error"),  # one block of another type than the others
+        ("blk.1.ffn_down.weight", T.Q4_0, "error"),
+        ("blk.0.attn_k.weight", T.I32, "error"),
+        ("token_embd.weight", T.F16, "either"),
+        ("token_embd.weight", T.I32, "error"),
+    ]:
+        shape = dict((n, s) for n, s in [("token_embd.weight", (V, H)), ("output_norm.weight", (H,))]).get(name) or L.BLOCK_TENSORS[name.split(".")[2]][1]
+        add(f"type-{name}-{qtype.name}", base_meta, tensors_with(name, q(shape, qtype)), expect, [name], _llama_config(rms_norm_eps=_f32(L.RMS_EPS)))
+    both = dict(base_tensors)
+    for i in range(L.BLOCKS):
+        both[f"blk.{i}.attn_q.weight"] = q((64, H), T.Q8_0)
+    add("type-attn_q-Q8_0-every-block", base_meta, both, "either", ["attn_q"], _llama_config(rms_norm_eps=_f32(L.RMS_EPS)))
+    for name in ("blk.0.attn_norm.weight", "blk.1.ffn_norm.weight", "output_norm.weight"):
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            a = base_tensors[name][0].copy()
+            a[int(rng.integers(0, a.size))] = bad
+            add(f"nonfinite-{name}-{bad}", base_meta, tensors_with(name, (a, None)), "error", [name])
+    for name in ("blk.0.attn_q.weight", "token_embd.weight", "blk.1.ffn_down.weight"):  # found only while generating
+        shape = (V, H) if name == "token_embd.weight" else L.BLOCK_TENSORS[name.split(".")[2]][1]
+        t = dict(base_tensors)
+        if name.startswith("blk."):  # F32 in every block (one type per block tensor), NaN in one
+            t.update({f"blk.{i}.{name.split('.')[2]}.weight": q(shape, T.F32) for i in range(L.BLOCKS)})
+        t[name] = q(shape, T.F32, float("nan"))
+        add(f"nonfinite-{name}-nan-everywhere", base_meta, t, "error", [name, "non-finite"])
+
+    # tensor headers rewritten in place (the data stays where it was)
+    raw = pristine.read_bytes()
+    infos, _, _ = _gguf_layout(pristine)
+    for info in infos:
+        if info["name"] not in ("token_embd.weight", "blk.0.attn_q.weight", "blk.1.attn_v.weight", "blk.0.ffn_down.weight", "blk.0.attn_norm.weight", "output_norm.weight"):
+            continue
+        t = info["name"]
+        for qt in (T.Q8_0, T.Q4_0, T.Q5_1, T.F16, T.F32, T.BF16, T.I8):
+            b = bytearray(raw)
+            b[info["type"] : info["type"] + 4] = struct.pack("<I", int(qt))
+            if bytes(b) != raw:
+                add(f"hdr-{t}-type-{qt.name}", [], {}, "error", [t], data=bytes(b))
+        for dim in (0, 1):
+            ne = struct.unpack_from("<Q", raw, info["dims"] + 8 * dim)[0] if dim == 0 or "norm" not in t else None
+            if ne is None:
+                continue
+            for new in sorted({ne // 2, ne * 2} - {ne}):
+                b = bytearray(raw)
+                struct.pack_into("<Q", b, info["dims"] + 8 * dim, new)
+                add(f"hdr-{t}-ne{dim}-{new}", [], {}, "error", [t], data=bytes(b))
+    return str(pristine)
+
+
+def build_llama_hf(root: Path, rng: np.random.Generator, cases: list[dict]) -> str:
+    """Writes the Hugging Face directory cases; returns the pristine directory's path."""
+    import llama_files as L
+
+    d = root / "llama_hf"
+    d.mkdir()
+    base_cfg = L.hf_config()
+    base_tensors = L.hf_tensors()
+    pristine = L.write_hf_dir(d / "pristine", base_cfg, base_tensors)
+
+    def add(cid: str, cfg: Any, expect: str, fields: list[str], config: dict | None = None, same: bool = False, tensors: dict | None = None, text: bytes | None = None) -> None:
+        p = d / _safe(cid)
+        if tensors is None:  # the pristine files, linked
+            p.mkdir()
+            (p / "config.json").write_bytes(text if text is not None else json.dumps(cfg).encode())
+            for f in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+                os.link(pristine / f, p / f)
+        else:
+            L.write_hf_dir(p, cfg, tensors, config_text=text)
+        if expect != "error" and config is None:
+            config = _llama_config()
+        _case(cases, "llama", f"hf/{cid}", "model", str(p), expect, [str(p)], fields=fields, config=config, same_tokens=same, reference=str(pristine))
+
+    def with_key(key: str, value: Any) -> dict:
+        c = dict(base_cfg)
+        if value is _DELETE:
+            c.pop(key, None)
+        else:
+            c[key] = value
+        return c
+
+    _case(cases, "llama", "hf/pristine", "model", str(pristine), "ok", [str(pristine)], fields=[], config=_llama_config(), same_tokens=True, reference=str(pristine))
+    for i, text in enumerate((b"[]", b"[1, 2]", b'"LlamaForCausalLM"', b"5", b"null", b"{", b"", b"\xff\xfe{}", b'{"vocab_size": 264', b"{}")):
+        add(f"text-{i}", None, "error", ["config.json"], text=text)
+    ints = {  # key: (LlamaConfig field, value, default when null or missing: None = required)
+        "vocab_size": ("vocab_size", L.VOCAB, None),
+        "hidden_size": ("hidden_size", L.HIDDEN, None),
+        "intermediate_size": ("intermediate_size", L.FFN, None),
+        "num_hidden_layers": ("num_hidden_layers", L.BLOCKS, None),
+        "num_attention_heads": ("num_attention_heads", L.HEADS, None),
+        "num_key_value_heads": ("num_key_value_heads", L.KV_HEADS, "error"),  # default: num_attention_heads, does not fit
+        "head_dim": ("head_dim", L.HEAD_DIM, "same"),  # default: hidden_size // num_attention_heads
+        "max_position_embeddings": ("max_position_embeddings", L.CONTEXT, 2048),
+    }
+    for key, (field, v, default) in ints.items():
+        for value in (0, -1, 1.5, "lots", True, False, [v], {}, 10**20, float("nan")):
+            add(f"{key}-{json.dumps(value)}", with_key(key, value), "error", [key])
+        for value in (float(v), str(v)):
+            add(f"{key}-{json.dumps(value)}-same", with_key(key, value), "either", [key], same=True)
+        for how, value in (("null", None), ("deleted", _DELETE)):
+            if default is None or default == "error":
+                add(f"{key}-{how}", with_key(key, value), "error", [key])
+            elif default == "same":
+                add(f"{key}-{how}", with_key(key, value), "ok", [key], same=True)
+            else:
+                add(f"{key}-{how}", with_key(key, value), "ok", [key], _llama_config(**{field: default}))
+        if key == "max_position_embeddings":
+            add(f"{key}-64", with_key(key, 64), "ok", [key], _llama_config(max_position_embeddings=64))
+        else:
+            for value in sorted({1, v + 1, 2 * v, 100000} - {v}):
+                add(f"{key}-{value}", with_key(key, value), "error", [key])
+    floats = {"rope_theta": (L.ROPE_BASE, 10000.0), "rms_norm_eps": (L.RMS_EPS, 1e-6)}
+    for key, (v, default) in floats.items():
+        for value in (0, -1.0, float("nan"), float("inf"), float("-inf"), "lots", "1e-5", True, [v], {}):
+            add(f"{key}-{json.dumps(value)}", with_key(key, value), "error", [key])
+        if key == "rope_theta":  # an integer where a float is expected (as many config.json files have it)
+            add(f"{key}-{int(v)}", with_key(key, int(v)), "ok", [key], same=True)
+        for how, value in (("null", None), ("deleted", _DELETE)):
+            add(f"{key}-{how}", with_key(key, value), "ok", [key], _llama_config(**{key: default}), same=default == v)
+    others = [
+        ("tie_word_embeddings", False, "error", ["lm_head.weight", "tie_word_embeddings"]),
+        ("tie_word_embeddings", "true", "error", ["tie_word_embeddings"]),
+        ("tie_word_embeddings", 1, "error", ["tie_word_embeddings"]),
+        ("tie_word_embeddings", _DELETE, "error", ["lm_head.weight", "tie_word_embeddings"]),
+        ("architectures", ["GPT2LMHeadModel"], "error", ["architecture"]),
+        ("architectures", "LlamaForCausalLM", "either", ["architectures"]),
+        ("architectures", [], "ok", ["architectures"]),
+        ("architectures", 5, "error", ["architecture"]),
+        ("architectures", [{"a": 1}], "error", ["architecture"]),
+        ("hidden_act", "gelu", "error", ["hidden_act"]),
+        ("hidden_act", 5, "error", ["hidden_act"]),
+        ("hidden_act", _DELETE, "ok", ["hidden_act"]),
+        ("rope_scaling", {"type": "linear", "factor": 2.0}, "error", ["rope_scaling"]),
+        ("rope_scaling", None, "ok", ["rope_scaling"]),
+        ("rope_scaling", "x", "error", ["rope_scaling"]),
+        ("attention_bias", True, "error", ["attention_bias"]),
+        ("attention_bias", False, "ok", ["attention_bias"]),
+        ("mlp_bias", True, "error", ["mlp_bias"]),
+    ]
+    for key, value, expect, fields in others:
+        add(f"{key}-{'deleted' if value is _DELETE else json.dumps(value)}", with_key(key, value), expect, fields, same=expect != "error")
+
+    def tensors_with(name: str, value: np.ndarray | None) -> dict:
+        out = dict(base_tensors)
+        if value is None:
+            out.pop(name)
+        else:
+            out[name] = value
+        return out
+
+    H, V, F = L.HIDDEN, L.VOCAB, L.FFN
+    for name in ("model.embed_tokens.weight", "model.norm.weight", "model.layers.1.self_attn.q_proj.weight", "model.layers.0.mlp.down_proj.weight"):
+        add(f"missing-{name}", base_cfg, "error", [name], tensors=tensors_with(name, None))
+    rnd = lambda *s: (rng.standard_normal(s) * 0.1).astype(np.float32)  # noqa: E731
+    for name, value, expect in [
+        ("model.layers.2.self_attn.q_proj.weight", rnd(64, H), "error"),
+        ("model.layers.0.self_attn.q_proj.bias", rnd(64), "error"),
+        ("lm_head.weight", rnd(V, H), "either"),
+        ("model.layers.0.self_attn.rotary_emb.inv_freq", rnd(8), "ok"),
+        ("model.embed_tokens.weight", rnd(V + 1, H), "error"),
+        ("model.layers.0.self_attn.q_proj.weight", rnd(96, H), "error"),
+        ("model.layers.1.mlp.up_proj.weight", rnd(F, H + 1), "error"),
+        ("model.layers.0.input_layernorm.weight", rnd(H, 1), "error"),
+        ("model.layers.0.self_attn.k_proj.weight", rnd(32, H).astype(np.int32), "error"),
+        ("model.layers.0.self_attn.k_proj.weight", rnd(32, H).astype(np.float16), "either"),
+    ]:
+        cfg = base_cfg
+        add(f"tensor-{name}-{list(value.shape)}-{value.dtype}", cfg, expect, [name], _llama_config(), tensors=tensors_with(name, value))
+    add("untied-with-lm_head", with_key("tie_word_embeddings", False), "ok", ["lm_head.weight"], _llama_config(tie_word_embeddings=False), tensors=tensors_with("lm_head.weight", rnd(V, H)))
+    for name in ("model.layers.0.input_layernorm.weight", "model.norm.weight"):
+        for bad in (float("nan"), float("inf")):
+            a = base_tensors[name].copy()
+            a[int(rng.integers(0, a.size))] = bad
+            add(f"nonfinite-{name}-{bad}", base_cfg, "error", [name], tensors=tensors_with(name, a))
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight"):
+        add(f"nonfinite-{name}-nan-everywhere", base_cfg, "error", [name, "non-finite", "NaN"], tensors=tensors_with(name, np.full_like(base_tensors[name], np.nan)))
+    return str(pristine)
+
+
+_DELETE = object()
+
+
+def build_cli(root: Path, rng: np.random.Generator, cases: list[dict], models: dict[str, str]) -> None:
+    """``maxjax generate`` argument sets, run in the runner's process through ``maxjax.cli.main``."""
+    good = models["llama/gguf/pristine"]
+    d = root / "cli"
+    d.mkdir()
+    empty_dir = d / "empty-dir"
+    empty_dir.mkdir()
+    two = d / "two-ggufs"
+    two.mkdir()
+    for n in ("a.gguf", "b.gguf"):
+        shutil.copy(good, two / n)
+    junk = d / "junk.gguf"
+    junk.write_bytes(b"not a gguf file at all")
+    st = d / "weights.safetensors"
+    shutil.copy(Path(models["llama/hf/pristine"]) / "model.safetensors", st)
+
+    def add(cid: str, argv: list[str], expect: str, fields: list[str], names: list[str] | None = None) -> None:
+        cases.append({"id": f"cli/{cid}", "family": "cli", "op": "cli", "argv": ["generate", *argv], "expect": expect, "names": names or [], "fields": fields})
+
+    base = ["--model", good, "--max-new-tokens", "2"]
+    add("ok", [*base, "hello world"], "ok", [])
+    add("ok-sampling", [*base, "--temperature", "0.8", "--top-k", "5", "--top-p", "0.9", "--seed", "3", "hello"], "ok", [])
+    add("ok-bfloat16", [*base, "--dtype", "bfloat16", "hello"], "ok", [])
+    add("ok-layout-unpacked", [*base, "--quantized-layout", "unpacked", "hello"], "ok", [])
+    add("ok-hf", ["--model", models["llama/hf/pristine"], "--max-new-tokens", "2", "hello"], "ok", [])
+    add("chat-without-template", [*base, "--chat", "hello"], "either", ["chat"])
+    for flag, values in {
+        "--max-new-tokens": ["0", "-1", "abc", "1.5", "", str(10**12), str(2**64)],
+        "--temperature": ["-1", "nan", "inf", "abc", "-inf"],
+        "--top-p": ["0", "1.5", "nan", "-0.1"],
+        "--top-k": ["-1", str(2**40), "x"],
+        "--seed": [str(2**80), "abc", str(-(2**70))],
+        "--dtype": ["float16", "int8"],
+        "--quantized-layout": ["bogus"],
+        "--mesh": ["bogus", "tp=0", "tp=x"],
+    }.items():
+        for v in values:
+            argv = [*base, flag, v, "hello"] if flag != "--max-new-tokens" else ["--model", good, flag, v, "hello"]
+            add(f"{flag}={v}", argv, "error", [flag, "mesh spec"] if flag == "--mesh" else [flag])
+    add("prompt-empty", [*base, ""], "error", ["prompt", "PROMPT"])
+    add("prompt-not-utf8", [*base, "ab\udcffc"], "error", ["PROMPT"])
+    add("prompt-too-long", ["--model", good, "--max-new-tokens", "2", "hello " * 200], "error", ["context", "--max-new-tokens"])
+    add("unknown-flag", [*base, "--bogus", "hello"], "error", ["--bogus"])
+    add("no-prompt", [*base], "error", ["PROMPT"])
+    for cid, path in (("missing", str(d / "nothere.gguf")), ("empty-dir", str(empty_dir)), ("two-ggufs", str(two)), ("junk", str(junk)), ("safetensors-alone", str(st))):
+        add(f"model-{cid}", ["--model", path, "--max-new-tokens", "2", "hello"], "error", [os.path.basename(path)], [path])
+    for cid, case_id in [
+        ("block-count-100000", "llama/gguf/block_count-100000"),
+        ("head-count-0", "llama/gguf/attention.head_count-u32-0"),
+        ("embedding-length-0", "llama/gguf/embedding_length-u32-0"),
+        ("embedding-length-63", "llama/gguf/embedding_length-63"),
+        ("block-count-lots", "llama/gguf/block_count-str-lots"),
+        ("rms-eps-nan", "llama/gguf/attention.layer_norm_rms_epsilon-f32-nan"),
+        ("rope-base-0", "llama/gguf/rope.freq_base-f32-0.0"),
+        ("norm-nan", "llama/gguf/nonfinite-blk.0.attn_norm.weight-nan"),
+        ("attn-q-nan", "llama/gguf/nonfinite-blk.0.attn_q.weight-nan-everywhere"),
+        ("token-embd-265-rows", "llama/gguf/shape-token_embd.weight-[265, 64]"),
+        ("attn-q-retyped", "llama/gguf/hdr-blk.0.attn_q.weight-type-Q8_0"),
+        ("hf-config-list", "llama/hf/text-0"),
+        ("hf-heads-0", "llama/hf/num_attention_heads-0"),
+        ("hf-layers-100000", "llama/hf/num_hidden_layers-100000"),
+    ]:
+        if case_id not in models:
+            raise AssertionError(f"no model case {case_id}")
+        path = models[case_id]
+        add(f"model-{cid}", ["--model", path, "--max-new-tokens", "2", "hello"], "error", models[case_id + "#fields"], [path])
+
+
+def build_model_cases(root: str | os.PathLike[str], seed: int = 17) -> list[dict]:
+    """Writes the llama model and CLI cases under ``root`` and returns them (same seed, same cases)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    cases: list[dict] = []
+    build_llama_gguf(root, rng, cases)
+    build_llama_hf(root, rng, cases)
+    models = {c["id"]: c["path"] for c in cases}
+    models.update({c["id"] + "#fields": c["fields"] for c in cases})
+    build_cli(root, rng, cases, models)
+    return cases
+
+
 # -- the runner (in the subprocess) -----------------------------------------------------------------
 
 
@@ -719,6 +1176,58 @@ def _run_lsd(case: dict) -> str | None:
     return None
 
 
+_REFERENCE_TOKENS: dict[str, list[int]] = {}
+_PROMPT = "hello world"
+
+
+def _generate(lm: Any) -> list[int]:
+    return lm.generate([_PROMPT], 2, stop_at_eos=False)[0].token_ids
+
+
+def _run_model(case: dict) -> str | None:
+    import math
+
+    from maxjax.models import load_model
+
+    lm = load_model(case["path"])
+    got = lm.config.to_dict()
+    want = case["config"]
+    if want is None:  # an input that must be refused: generating may still find it out (NaN weights)
+        _generate(lm)
+        return None
+    if set(got) != set(want) or any(
+        not (math.isclose(got[k], want[k], rel_tol=1e-6) if isinstance(want[k], float) else got[k] == want[k]) for k in want
+    ):
+        diff = {k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
+        return f"loaded another config than the file says (got, want): {diff}"
+    tokens = _generate(lm)
+    if len(tokens) != 2:
+        return f"generated {len(tokens)} tokens, not 2"
+    if case.get("same_tokens"):
+        ref = case["reference"]
+        if ref not in _REFERENCE_TOKENS:
+            _REFERENCE_TOKENS[ref] = _generate(load_model(ref))
+        if tokens != _REFERENCE_TOKENS[ref]:
+            return f"generated {tokens}, the unchanged model {_REFERENCE_TOKENS[ref]}"
+    return None
+
+
+def _run_cli(case: dict) -> dict:
+    import contextlib
+    import io
+
+    from maxjax.cli import main as cli_main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+        warnings.simplefilter("always")
+        try:
+            code = cli_main(case["argv"])
+        except SystemExit as e:  # argparse
+            code = e.code
+    return {"exit": code, "stderr": err.getvalue()[-3000:], "stdout": out.getvalue()[-300:]}
+
+
 def _run_selftest(case: dict) -> str | None:
     """Cases that check the harness itself: one that hangs, one that kills its process, one that loads."""
     import signal
@@ -737,6 +1246,8 @@ _RUNNERS = {
     "gguf": _run_gguf,
     "orbax": _run_orbax,
     "lsd": _run_lsd,
+    "llama": _run_model,
+    "cli": _run_cli,
     "selftest": _run_selftest,
 }
 
@@ -752,7 +1263,10 @@ def run(cases: list[dict], out: Any) -> None:
         result: dict[str, Any] = {"id": case["id"]}
         try:
             mismatch = _RUNNERS[case["family"]](case)
-            result.update(status="ok", mismatch=mismatch)
+            if isinstance(mismatch, dict):  # the CLI's exit status and output, judged by the parent
+                result.update(status="ok", **mismatch)
+            else:
+                result.update(status="ok", mismatch=mismatch)
         except BaseException as e:  # noqa: BLE001 - every exception is an outcome to judge
             result.update(
                 status="raised",
@@ -781,6 +1295,13 @@ def main(argv: list[str]) -> int:
     import maxjax.graph.weights  # noqa: F401
     import maxjax.nn  # noqa: F401
 
+    if any(c["family"] in ("llama", "cli") for c in cases):
+        import maxjax.cli  # noqa: F401
+        import maxjax.models  # noqa: F401
+        from maxjax.engine import enable_compilation_cache
+
+        if os.environ.get("MAXJAX_FUZZ_CACHE_DIR"):  # models of one config compile once per run
+            enable_compilation_cache(os.environ["MAXJAX_FUZZ_CACHE_DIR"])
     run(cases, out)
     out.close()
     return 0

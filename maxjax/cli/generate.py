@@ -51,6 +51,25 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar while weights load")
     add_mesh_arguments(p)
+    _one_line_usage_errors(p)
+
+
+def _one_line_usage_errors(p: argparse.ArgumentParser) -> None:
+    """A bad or unknown argument is reported in one line (exit status 2), not the usage text and a
+    line (unknown ones are caught here: argparse leaves them to the top-level parser)."""
+    parse_known_args = p.parse_known_args
+
+    def error(message: str) -> None:
+        p.exit(2, f"{p.prog}: error: {' '.join(message.split())} (see {p.prog} --help)\n")
+
+    def parse_known(args: Any = None, namespace: Any = None) -> Any:
+        namespace, extras = parse_known_args(args, namespace)
+        if extras:
+            error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+    p.error = error  # type: ignore[method-assign]
+    p.parse_known_args = parse_known  # type: ignore[method-assign]
 
 
 def add_mesh_arguments(p: argparse.ArgumentParser) -> None:
@@ -113,6 +132,13 @@ def run(args: argparse.Namespace) -> int:
         mesh=mesh,
     )
     load_s = time.perf_counter() - t0
+    context = lm.config.max_position_embeddings
+    n_prompt = len(lm.encode_prompt(args.prompt, args.chat))
+    if n_prompt + args.max_new_tokens > context:
+        raise CLIError(
+            f"--max-new-tokens {args.max_new_tokens}: the prompt ({n_prompt} tokens) plus the new tokens exceed "
+            f"the model's context of {context} tokens ({lm.source})"
+        )
     for piece in lm.stream(
         args.prompt,
         args.max_new_tokens,

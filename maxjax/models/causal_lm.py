@@ -31,7 +31,7 @@ from maxjax.graph import Graph, TensorType
 from maxjax.models import generation
 from maxjax.models.decoding import DecoderFunctions, cache_shapes
 from maxjax.models.generation import Generation
-from maxjax.models.checkpoint import module_from_gguf, module_from_pretrained_dir
+from maxjax.models import checkpoint
 from maxjax.models.sampling import check_sampling, greedy, sample
 
 __all__ = ["CausalLM", "Generation"]
@@ -175,9 +175,10 @@ class CausalLM:
         """
         from maxjax.tokenizer import Tokenizer
 
-        module, config, weights = module_from_gguf(path, dtype, lazy=mesh is not None)  # a mesh: each process reads its shards
-        return cls(module, config, Tokenizer.from_gguf(weights.reader), dtype, progress, str(path), quantized_layout, policy,
-                   mesh, mesh_axes)  # fmt: skip
+        arch, config, weights = checkpoint.open_gguf_checkpoint(path, lazy=mesh is not None)  # a mesh: each process reads its shards
+        tokenizer = Tokenizer.from_gguf(weights.reader)  # its checks too, before anything is built
+        module = checkpoint.build(arch, config, arch.weights_from_gguf(weights, config), dtype, quantized=True)
+        return cls(module, config, tokenizer, dtype, progress, str(path), quantized_layout, policy, mesh, mesh_axes)
 
     @classmethod
     def from_pretrained_dir(
@@ -197,9 +198,10 @@ class CausalLM:
         """
         from maxjax.tokenizer import Tokenizer
 
-        module, config = module_from_pretrained_dir(directory, dtype)
-        return cls(module, config, Tokenizer.from_pretrained_dir(Path(directory)), dtype, progress, str(directory),
-                   quantized_layout, policy, mesh, mesh_axes)  # fmt: skip
+        arch, config, state = checkpoint.open_hf_checkpoint(directory)
+        tokenizer = Tokenizer.from_pretrained_dir(Path(directory))
+        module = checkpoint.build(arch, config, state, dtype, quantized=False)
+        return cls(module, config, tokenizer, dtype, progress, str(directory), quantized_layout, policy, mesh, mesh_axes)
 
     # -- running ---------------------------------------------------------------------------------
     def cache_shapes(self, batch: Any, cache_len: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:

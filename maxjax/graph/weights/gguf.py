@@ -182,6 +182,7 @@ def open_gguf(path: str | os.PathLike[str]) -> tuple[gguf.GGUFReader, MappedFile
             return hit
     try:
         reader = _CheckedReader(path, "r")
+        reader.path = path  # the file's name for messages of readers of its metadata (the tokenizer's)
     except OSError as e:
         raise WeightsFileError(path, f"cannot open: {e.strerror or e}") from None
     except Exception as e:
