@@ -190,9 +190,23 @@ def _no_such_model(model: str) -> APIError:
     return APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
 
 
+def _field_path(loc: Any) -> list[str]:
+    """A pydantic error location as the request's field path: ``("body", "stop", "list[str]", 0)``
+    -> ``["stop", "0"]`` (union member tags such as ``str``, ``list[int]``, ``TextPart`` dropped)."""
+    out = []
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(part, str) and (part[:1].isupper() or "[" in part or "-" in part or part in _TYPE_TAGS):
+            continue
+        out.append(str(part))
+    return out
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
+
+
 def _validation_error(errors: Any) -> APIError:
     first = dict(errors[0]) if errors else {}
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    loc = _field_path(first.get("loc", ()))
     if first.get("type") == "json_invalid":
         return APIError(400, f"We could not parse the JSON body of your request: {first.get('msg', '')}", code="invalid_json")
     param = ".".join(loc) or None
