@@ -161,3 +161,30 @@ def test_stop_strings_give_openais_cut_for_any_split_of_the_text(text, cuts, sto
         out += s.flush()
     assert out == expected
     assert stopped == bool(hits)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["serve", "--max-batch", "0"], "--max-batch: must be at least 1, got 0"),
+        (["serve", "--port", "http"], "--port: expected an integer, got 'http'"),
+        (["serve", "--request-timeout", "0"], "--request-timeout: must be at least 0.001, got 0"),
+    ],
+)
+def test_serve_cli_refuses_bad_arguments(capsys, argv, message):
+    from maxjax.cli import SUBCOMMANDS, main
+
+    assert "serve" in [c.name for c in SUBCOMMANDS]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_serve_cli_refuses_a_context_beyond_the_models_in_one_line(capsys):
+    from maxjax.cli import main
+
+    assert main(["serve", "--max-context", "100000", "--no-warmup"]) == 1
+    err = capsys.readouterr().err
+    assert "maxjax serve: error: max_context (100000) exceeds the model's context of 8192 tokens" in err
+    assert "Traceback" not in err

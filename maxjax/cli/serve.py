@@ -64,6 +64,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="compile every shape before serving (default: on)")  # fmt: skip
     p.add_argument("--shutdown-timeout", type=_positive(float, 0), default=30.0, metavar="S",
                    help="seconds to let requests in flight finish on SIGTERM (default 30)")  # fmt: skip
+    p.add_argument(
+        "--compilation-cache", nargs="?", const="", default=None, metavar="DIR",
+        help="keep compiled programs on disk and load them on the next start (default folder: $MAXJAX_CACHE_DIR "
+        "or ~/.cache/maxjax/jax)",
+    )  # fmt: skip
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="activation dtype (default float32)")
     p.add_argument("--quantized-layout", choices=_LAYOUTS, default="auto", help="how quantized weights sit in memory (see maxjax generate)")
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info", help="server log level")
@@ -78,10 +83,16 @@ def run(args: argparse.Namespace) -> int:
     def say(msg: str) -> None:
         print(f"maxjax serve: {msg}", file=sys.stderr, flush=True)
 
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
-    logging.getLogger("maxjax.serve").addHandler(handler)
-    logging.getLogger("maxjax.serve").setLevel(args.log_level.upper())
+    logger = logging.getLogger("maxjax.serve")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(args.log_level.upper())
+    if args.compilation_cache is not None:
+        from maxjax.engine import enable_compilation_cache
+
+        say(f"compilation cache in {enable_compilation_cache(args.compilation_cache or None)}")
     t0 = time.perf_counter()
     lm = load_model(
         args.model,
