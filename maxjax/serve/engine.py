@@ -79,6 +79,15 @@ class _Row:
         self.stops = StopStrings(req.params.stop)
 
 
+class _Step:
+    """A dispatched decode step: its tokens (on the device) and the rows it decoded."""
+
+    __slots__ = ("tokens", "rows")
+
+    def __init__(self, tokens: Any, rows: list[_Row | None]):
+        self.tokens, self.rows = tokens, rows
+
+
 class Engine:
     """Continuous batching of one :class:`~maxjax.models.CausalLM` (see the module docstring).
 
@@ -144,6 +153,7 @@ class Engine:
         self._k: Any = None
         self._v: Any = None
         self._small_for = 0  # decode steps in a row that a smaller cache shape would have done
+        self._inflight: _Step | None = None  # a decode step dispatched, its tokens not yet handled
         self._thread: threading.Thread | None = None
         self._state = "new"  # new -> running -> stopping -> stopped
         self.warmup_seconds: float | None = None
@@ -316,6 +326,8 @@ class Engine:
 
     def _iteration(self, newcomers: list[Request]) -> None:
         self._expire_waiting()
+        if newcomers:
+            self._drain()
         for req in newcomers:
             self._admit(req)
         self._reap()
@@ -384,27 +396,58 @@ class Engine:
 
     # -- decoding ---------------------------------------------------------------------------------
     def _decode(self) -> None:
-        self._ensure_shape(len(self._rows), self._positions_needed())
-        rows = self._k.shape[1]
-        tokens = np.zeros(rows, np.int32)
-        positions = np.zeros(rows, np.int32)
-        keys = np.zeros((rows, 2), np.uint32)
-        counters = np.zeros(rows, np.int32)
-        temperature = np.zeros(rows, np.float32)
-        top_k = np.zeros(rows, np.int32)
-        top_p = np.ones(rows, np.float32)
-        for i, r in enumerate(self._rows):
+        """Processes one decode step's tokens; the next step is dispatched first when no request is
+        waiting to join, so the device computes it while the host handles these tokens."""
+        if self._inflight is None:
+            self._inflight = self._dispatch(ahead=None)
+        step, self._inflight = self._inflight, None
+        if not self._waiting:
+            self._inflight = self._dispatch(ahead=step)
+        self._process(step)
+
+    def _dispatch(self, ahead: "_Step | None") -> "_Step":
+        """Dispatches a decode step for the live rows: from their host state, or (``ahead``) from
+        the tokens a dispatched step is computing, one position further."""
+        k = 0 if ahead is None else 1
+        self._ensure_shape(len(self._rows), self._positions_needed() + k)
+        n = self._k.shape[1]
+        tokens = np.zeros(n, np.int32)
+        positions = np.zeros(n, np.int32)
+        keys = np.zeros((n, 2), np.uint32)
+        counters = np.zeros(n, np.int32)
+        temperature = np.zeros(n, np.float32)
+        top_k = np.zeros(n, np.int32)
+        top_p = np.ones(n, np.float32)
+        rows = list(self._rows) + [None] * (n - len(self._rows))
+        for i, r in enumerate(rows):
             if r is None:
                 continue
             p = r.req.params
-            tokens[i], positions[i], keys[i], counters[i] = r.last_token, r.position, r.keys, len(r.req.token_ids)
+            tokens[i], positions[i], keys[i], counters[i] = r.last_token, r.position + k, r.keys, len(r.req.token_ids) + k
             temperature[i], top_k[i], top_p[i] = p.temperature, p.top_k, p.top_p
+        if ahead is not None:
+            if ahead.tokens.shape[0] == n:
+                tokens = ahead.tokens  # on the device: no round trip through the host
+            else:  # the cache grew a bucket of rows: never while a step is ahead (nothing joined)
+                raise AssertionError("the batch changed shape under a dispatched step")
         nxt, self._k, self._v = self.steps.decode(tokens, positions, self._k, self._v, keys, counters, temperature, top_k, top_p)
-        host = np.asarray(nxt)
-        for i, r in enumerate(self._rows):
-            if r is not None:
+        return _Step(nxt, rows)
+
+    def _process(self, step: "_Step") -> None:
+        """Hands each row its token from ``step`` (rows that ended or changed since are skipped:
+        their token was computed ahead and is dropped)."""
+        host = np.asarray(step.tokens)
+        for i, r in enumerate(step.rows):
+            if r is not None and i < len(self._rows) and self._rows[i] is r:
                 r.position += 1
                 self._on_token(i, int(host[i]))
+
+    def _drain(self) -> None:
+        """Processes the step dispatched ahead, if any (before rows join or move)."""
+        if self._inflight is not None:
+            step, self._inflight = self._inflight, None
+            self._process(step)
+            self._reap()
 
     def _on_token(self, i: int, token: int) -> None:
         """Records row ``i``'s new token; ends the request on EOS, a stop string or its length."""
@@ -462,6 +505,7 @@ class Engine:
             return
         live = [i for i, r in enumerate(self._rows) if r is not None]
         if not live:
+            self._inflight = None  # a step computed ahead for rows that have all ended
             self._rows, self._k, self._v, self._small_for = [], None, None, 0
             return
         rows, c = self._k.shape[1], self._k.shape[-1]
@@ -474,6 +518,13 @@ class Engine:
         if self._small_for < self.shrink_after:
             return
         self._small_for = 0
+        self._drain()  # rows may have ended: look again
+        live = [i for i, r in enumerate(self._rows) if r is not None]
+        if not live:
+            self._rows, self._k, self._v = [], None, None
+            return
+        want_r = self.buckets.batch_for(len(live))
+        want_c = self.buckets.cache_for(self._positions_needed())
         free = [i for i in range(want_r) if i >= len(self._rows) or self._rows[i] is None]
         for src in [i for i in live if i >= want_r]:
             dst = free.pop(0)
@@ -496,7 +547,7 @@ class Engine:
     def _fail_all(self, newcomers: list[Request], message: str) -> None:
         for req in newcomers + [r.req for r in self._rows if r is not None]:
             self._finish_request(req, "error", error=message)
-        self._rows, self._k, self._v = [], None, None
+        self._rows, self._k, self._v, self._inflight = [], None, None, None
 
     def _publish(self) -> None:
         self.metrics.queue_depth.set(len(self._waiting))
