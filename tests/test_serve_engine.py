@@ -10,7 +10,6 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from maxjax.models import load_model
 from maxjax.serve import ContextLengthExceeded, Engine, EngineStopped, SamplingParams
 from maxjax.serve.text import StopStrings
 
@@ -29,8 +28,8 @@ MAX_TOKENS = [9, 14, 6, 12, 5, 10]
 
 
 @pytest.fixture(scope="module")
-def lm():
-    return load_model()
+def lm(smollm2):
+    return smollm2
 
 
 @pytest.fixture(scope="module")

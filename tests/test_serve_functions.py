@@ -17,7 +17,6 @@ from jax.extend.core import jaxprs_in_params
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from maxjax.backend import BackendPolicy
-from maxjax.models import load_model
 from maxjax.models.sampling import greedy, sample
 
 PROMPTS = ["The quick brown fox", "Once upon a time, in a land far away,"]
@@ -27,8 +26,8 @@ CACHE = 128
 
 
 @pytest.fixture(scope="module")
-def lm():
-    return load_model()
+def lm(smollm2):
+    return smollm2
 
 
 @pytest.fixture(scope="module")

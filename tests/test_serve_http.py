@@ -21,7 +21,6 @@ import httpx
 import openai
 import pytest
 
-from maxjax.models import load_model
 
 MAX_BATCH, MAX_QUEUE, CONTEXT = 4, 16, 128
 START_TIMEOUT = 420  # seconds for the server to load and compile (a busy CI machine)
@@ -82,8 +81,8 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def lm():
-    return load_model()
+def lm(smollm2):
+    return smollm2
 
 
 @pytest.fixture(scope="module")
