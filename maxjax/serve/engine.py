@@ -309,17 +309,17 @@ class Engine:
     def _take_newcomers(self) -> list[Request]:
         """Pops waiting requests that fit in free rows and the prefill budget (lock held)."""
         free = self.max_batch - sum(r is not None for r in self._rows)
-        out, budget = [], self.prefill_budget
-        while self._waiting and len(out) < free:
+        out, joining, budget = [], 0, self.prefill_budget
+        while self._waiting and joining < free:
             req = self._waiting[0]
             if req.cancelled or time.perf_counter() > req.deadline:
-                self._waiting.popleft()
-                out.append(req)  # ended in _admit, outside the lock
+                out.append(self._waiting.popleft())  # ended in _admit, outside the lock
                 continue
             cost = self.buckets.prompt_for(len(req.prompt_ids))
-            if len([r for r in out if not r.cancelled]) and cost > budget:
+            if joining and cost > budget:
                 break
             budget -= cost
+            joining += 1
             out.append(self._waiting.popleft())
         self.metrics.queue_depth.set(len(self._waiting))
         return out
