@@ -66,7 +66,7 @@ def test_requests_joining_and_leaving_the_batch_equal_generate_and_never_compile
         assert len(r.token_ids) == n + (g.finish_reason == "eos")
         assert r.time_to_first_token is not None and 0 < r.time_to_first_token <= r.latency
     assert max(seen_batch) == MAX_BATCH  # 6 requests for 4 rows: a full batch, then rows reused
-    assert engine.traces_after_warmup == 0
+    assert engine.compiles_while_serving == 0
     # idle again: the rows were freed and the cache released
     deadline = time.monotonic() + 5
     while engine.cache_shape is not None and time.monotonic() < deadline:
@@ -135,6 +135,13 @@ def test_bad_requests_are_refused_naming_the_problem(lm, engine):
         engine.submit([lm.config.vocab_size], SamplingParams())
     with pytest.raises(EngineStopped):
         Engine(lm, max_batch=1, max_context=16, warmup=False).submit([1], SamplingParams())
+
+
+def test_nothing_compiled_while_serving(engine):
+    """After every request above (rows joining, leaving, moving down as the cache shrinks, steps
+    dispatched ahead, sampling, cancellation), the engine's thread has compiled nothing."""
+    assert engine.compiles_while_serving == 0
+    assert engine.metrics.compiles._value.get() == 0
 
 
 @settings(max_examples=200, deadline=None)

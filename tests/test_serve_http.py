@@ -220,6 +220,7 @@ def test_16_concurrent_clients_get_their_own_answers(client, model_name, lm, ser
     for p, a, g in zip(PROMPTS, answers, refs):
         assert a == g.text, p
     assert server.metric("maxjax_running_batch_size") == 0
+    assert server.metric("maxjax_engine_compiles_total") == 0  # every shape was compiled at start-up
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_slot(server, model_name):

@@ -32,7 +32,7 @@ import numpy as np
 
 from maxjax.serve.metrics import Metrics
 from maxjax.serve.request import Event, Request, SamplingParams
-from maxjax.serve.steps import Buckets, Steps, key_data
+from maxjax.serve.steps import Buckets, Steps, compile_counter, key_data
 from maxjax.serve.text import StopStrings
 
 __all__ = ["Engine", "QueueFull", "EngineStopped", "ContextLengthExceeded"]
@@ -157,13 +157,13 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._state = "new"  # new -> running -> stopping -> stopped
         self.warmup_seconds: float | None = None
-        self.traces_after_warmup = 0
+        #: XLA compiles on the engine's thread since :meth:`start` (0 after a full warmup)
+        self.compiles_while_serving = 0
 
     # -- life cycle -----------------------------------------------------------------------------
     def warmup(self, progress: Callable[[str, int, int], None] | None = None) -> float:
         """Compiles every shape the engine uses (see :meth:`Steps.warmup`); returns the seconds taken."""
         self.warmup_seconds = self.steps.warmup(progress)
-        self._traces_at_warmup = self.steps.num_traces
         return self.warmup_seconds
 
     def start(self, progress: Callable[[str, int, int], None] | None = None) -> "Engine":
@@ -173,7 +173,6 @@ class Engine:
                 raise EngineStopped(f"the engine was already started (it is {self._state})")
         if self._do_warmup and self.warmup_seconds is None:
             self.warmup(progress)
-        self._traces_at_warmup = self.steps.num_traces
         with self._lock:
             self._state = "running"
         self._thread = threading.Thread(target=self._loop, name="maxjax-engine", daemon=True)
@@ -283,6 +282,8 @@ class Engine:
 
     # -- the loop ---------------------------------------------------------------------------------
     def _loop(self) -> None:
+        self._compiles = compile_counter()  # this thread's
+        self._compiles_at_start = self._compiles()
         try:
             while True:
                 with self._lock:
@@ -336,10 +337,12 @@ class Engine:
             self._reap()
         self._maybe_shrink()
         self._publish()
-        n = self.steps.num_traces - self._traces_at_warmup
-        if n != self.traces_after_warmup and self._do_warmup:
-            log.warning("the engine compiled %d program(s) after its warmup", n - self.traces_after_warmup)
-        self.traces_after_warmup = n
+        n = self._compiles() - self._compiles_at_start
+        if n != self.compiles_while_serving:
+            self.metrics.compiles.inc(n - self.compiles_while_serving)
+            if self._do_warmup:
+                log.warning("the engine compiled %d program(s) after its warmup", n - self.compiles_while_serving)
+            self.compiles_while_serving = n
 
     def _expire_waiting(self) -> None:
         now = time.perf_counter()

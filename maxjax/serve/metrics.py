@@ -12,6 +12,7 @@ name                                                    type        what
 ``maxjax_prompt_tokens_total``                          counter     prompt tokens prefilled
 ``maxjax_requests_finished_total{finish_reason}``       counter     ended requests, by ``finish_reason``
 ``maxjax_requests_rejected_total{reason}``              counter     refused requests (``queue_full``, ...)
+``maxjax_engine_compiles_total``                        counter     XLA compiles while serving (0 after a warmup)
 ``maxjax_time_to_first_token_seconds``                  histogram   submission to first token
 ``maxjax_inter_token_latency_seconds``                  histogram   between two tokens of a request
 ``maxjax_request_latency_seconds``                      histogram   submission to the end of a request
@@ -64,6 +65,7 @@ class Metrics:
         self.prompt_tokens = Counter("maxjax_prompt_tokens", "Prompt tokens prefilled", registry=r)
         self.finished = Counter("maxjax_requests_finished", "Requests ended, by finish reason", ["finish_reason"], registry=r)
         self.rejected = Counter("maxjax_requests_rejected", "Requests refused, by reason", ["reason"], registry=r)
+        self.compiles = Counter("maxjax_engine_compiles", "XLA compiles on the engine's thread while serving", registry=r)
         self.time_to_first_token = Histogram(
             "maxjax_time_to_first_token_seconds", "Seconds from submission to the first token", buckets=_LATENCY_BUCKETS, registry=r
         )

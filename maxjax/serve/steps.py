@@ -22,6 +22,7 @@ A request's random stream: the threefry key ``[seed >> 32, seed & 0xffffffff]`` 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from typing import Any, Callable, Iterable
 
@@ -33,7 +34,32 @@ from jax import lax
 from maxjax.models.generation import PROMPT_BUCKETS
 from maxjax.models.sampling import greedy, sample
 
-__all__ = ["Buckets", "Steps", "key_data"]
+__all__ = ["Buckets", "Steps", "key_data", "compile_counter"]
+
+
+class _CompileCounter(threading.local):
+    count = 0
+
+
+_compiles = _CompileCounter()
+_listening = False
+_listen_lock = threading.Lock()
+
+
+def _on_event(event: str, seconds: float, **kwargs: Any) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _compiles.count += 1
+
+
+def compile_counter() -> Callable[[], int]:
+    """A function giving the number of XLA compiles so far on the calling thread (a
+    ``jax.monitoring`` listener, registered once per process)."""
+    global _listening
+    with _listen_lock:
+        if not _listening:
+            jax.monitoring.register_event_duration_secs_listener(_on_event)
+            _listening = True
+    return lambda: _compiles.count
 
 
 def _fit(buckets: tuple[int, ...], n: int) -> int:
@@ -141,8 +167,11 @@ class Steps:
         lm: a :class:`~maxjax.models.CausalLM`.
         buckets: the shapes to compile.
 
-    ``num_traces`` counts every trace of every program (a trace precedes each compile): after
-    :meth:`warmup` it no longer changes while serving.
+    Every array the programs pass between them (caches, prefilled caches, decode tokens) is
+    committed to the model's device, and :meth:`warmup` compiles for exactly that, so that a call
+    never meets an argument placement it was not compiled for (JAX compiles again for a committed
+    argument where it compiled for an uncommitted one). ``num_traces`` counts traces of the
+    programs; :func:`compile_counter` counts compiles on the calling thread.
     """
 
     def __init__(self, lm: Any, buckets: Buckets):
@@ -151,6 +180,9 @@ class Steps:
         self.functions = fns
         self.num_traces = 0
         options = lm.program.policy.compiler_options(lm.dtype.to_jax())
+        leaf = jax.tree.leaves(lm.state)[0]
+        #: where the engine's arrays live: the device of the model's weights
+        self.sharding = jax.sharding.SingleDeviceSharding(next(iter(leaf.devices())))
 
         def counted(f: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -201,7 +233,7 @@ class Steps:
         self._insert = jit(insert, donate_argnums=(0, 1))
         self._move = jit(move, donate_argnums=(0, 1))
         self._resize = jit(resize, static_argnames=("rows", "cache_len"))
-        self._fresh = jit(fresh, static_argnames=("rows", "cache_len"))
+        self._fresh = jit(fresh, static_argnames=("rows", "cache_len"), out_shardings=self.sharding)
 
     # -- running ------------------------------------------------------------------------------
     def prefill(self, tokens: np.ndarray, length: int, keys: np.ndarray, temperature: float, top_k: int, top_p: float):
@@ -213,7 +245,11 @@ class Steps:
         )  # fmt: skip
 
     def decode(self, tokens, positions, k, v, keys, counters, temperature, top_k, top_p):
-        """One token per row (host arrays ``[rows]``, ``keys`` ``[rows, 2]``) -> (tokens, k, v)."""
+        """One token per row -> (tokens, k, v). ``tokens`` int32 ``[rows]``: a host array, or the
+        tokens of a decode step (on the device); the others host arrays ``[rows]`` (``keys``
+        uint32 ``[rows, 2]``)."""
+        if isinstance(tokens, np.ndarray):
+            tokens = jax.device_put(tokens, self.sharding)
         return self._decode(self.lm.state, tokens, positions, k, v, keys, counters, temperature, top_k, top_p)
 
     def insert(self, k, v, k1, v1, row: int):
@@ -246,13 +282,13 @@ class Steps:
     # -- compiling ----------------------------------------------------------------------------
     def programs(self) -> list[tuple[str, Callable[[], Any]]]:
         """Every (name, compile thunk) :meth:`warmup` runs."""
-        fns, b, state = self.functions, self.buckets, self.lm.state
+        fns, b, state, on = self.functions, self.buckets, self.lm.state, self.sharding
         S = jax.ShapeDtypeStruct
         i32, f32, u32, dt = jnp.int32, jnp.float32, jnp.uint32, fns.dtype
 
-        def caches(rows, cache_len):
+        def caches(rows, cache_len):  # committed to the device, as every cache is
             kt, vt = fns.cache_shapes(rows, cache_len)
-            return S(kt, dt), S(vt, dt)
+            return S(kt, dt, sharding=on), S(vt, dt, sharding=on)
 
         out: list[tuple[str, Callable[[], Any]]] = []
         for p in b.prompt:
@@ -262,7 +298,8 @@ class Steps:
             for c in b.cache:
                 r1 = (S((rows,), i32),)
                 out.append((f"decode[{rows}x{c}]", lambda rows=rows, c=c, r1=r1: self._decode.lower(
-                    state, *r1, *r1, *caches(rows, c), S((rows, 2), u32), *r1, S((rows,), f32), *r1, S((rows,), f32))))  # fmt: skip
+                    state, S((rows,), i32, sharding=on), *r1, *caches(rows, c), S((rows, 2), u32), *r1, S((rows,), f32), *r1,
+                    S((rows,), f32))))  # fmt: skip
                 out.append((f"insert[{rows}x{c}]", lambda rows=rows, c=c: self._insert.lower(
                     *caches(rows, c), *caches(1, c), S((), i32))))  # fmt: skip
                 out.append((f"fresh[{rows}x{c}]", lambda rows=rows, c=c: self._fresh.lower(rows=rows, cache_len=c)))
