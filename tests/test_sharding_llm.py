@@ -155,3 +155,25 @@ def test_inspect_shows_each_weights_partition_spec_and_bytes_per_device(capsys):
     assert q["bytes_per_device"] * 4 == q["bytes"] == 768 * 576 // 32 * 20  # Q4_1 nibbles: the file's bytes
     assert rows["norm.weight"]["spec"] == [None] and rows["norm.weight"]["bytes_per_device"] == 576 * 4
     assert rows["layers.3.mlp.down_proj.weight"]["spec"] == [None, "tp"]
+
+
+def test_the_serving_engine_runs_a_tensor_parallel_model():
+    """maxjax serve --mesh tp=N: the engine's programs on a model split over tp give the
+    single-device tokens, with nothing compiled after warm-up."""
+    from maxjax.serve import Engine, SamplingParams
+
+    lm = _lm(1, 2)
+    ids = lm.encode_prompt(PROMPT)
+    with Engine(lm, max_batch=2, max_context=64) as engine:
+        assert engine.steps.cache_sharding.spec == P(None, None, "tp", None, None)
+        reqs = [engine.submit(ids, SamplingParams(max_tokens=NEW)) for _ in range(3)]  # 3 requests on 2 rows
+        results = [r.result(300) for r in reqs]
+        assert engine.compiles_while_serving == 0
+    assert all(r.token_ids[:NEW] == _reference()[0] for r in results)
+
+
+def test_serve_refuses_a_data_parallel_mesh_in_one_line():
+    p = subprocess.run([sys.executable, "-m", "maxjax.cli", "serve", "--mesh", "dp=2", "--cpu-devices", "2"],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "maxjax serve runs tensor parallel only (dp=1)" in p.stderr and p.stderr.strip().count("\n") == 0

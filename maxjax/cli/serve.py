@@ -16,6 +16,8 @@ import signal
 import sys
 import time
 
+from maxjax.cli.devices import add_mesh_arguments, mesh_from_arguments
+from maxjax.cli.errors import CLIError
 from maxjax.dtype import DType
 
 __all__ = ["configure", "run"]
@@ -71,6 +73,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="activation dtype (default float32)")
     p.add_argument("--quantized-layout", choices=_LAYOUTS, default="auto", help="how quantized weights sit in memory (see maxjax generate)")
+    add_mesh_arguments(p)
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info", help="server log level")
 
 
@@ -93,11 +96,18 @@ def run(args: argparse.Namespace) -> int:
         from maxjax.engine import enable_compilation_cache
 
         say(f"compilation cache in {enable_compilation_cache(args.compilation_cache or None)}")
+    mesh = mesh_from_arguments(args)
+    if mesh is not None and mesh.shape.get("dp", 1) > 1:
+        raise CLIError(
+            f"--mesh {args.mesh}: maxjax serve runs tensor parallel only (dp=1): its rows join and leave one at a "
+            "time, so they cannot be split over data-parallel devices"
+        )
     t0 = time.perf_counter()
     lm = load_model(
         args.model,
         dtype=_DTYPES[args.dtype],
         quantized_layout=None if args.quantized_layout == "auto" else args.quantized_layout,
+        mesh=mesh,
     )
     engine = Engine(
         lm, max_batch=args.max_batch, max_queue=args.max_queue, max_context=args.max_context,

@@ -180,9 +180,18 @@ class Steps:
         self.functions = fns
         self.num_traces = 0
         options = lm.program.policy.compiler_options(lm.dtype.to_jax())
-        leaf = jax.tree.leaves(lm.state)[0]
-        #: where the engine's arrays live: the device of the model's weights
-        self.sharding = jax.sharding.SingleDeviceSharding(next(iter(leaf.devices())))
+        if lm.mesh is None:
+            leaf = jax.tree.leaves(lm.state)[0]
+            #: where the engine's arrays live: the device of the model's weights, or replicated on its mesh
+            self.sharding = jax.sharding.SingleDeviceSharding(next(iter(leaf.devices())))
+            #: where its KV caches live (on a mesh: split over the KV heads, as the model's)
+            self.cache_sharding = self.sharding
+        else:
+            from jax.sharding import NamedSharding, PartitionSpec as P
+
+            self.sharding = NamedSharding(lm.mesh, P())
+            cache = lm.functions.cache_shardings[0].spec  # [layers, batch, kv heads, ...]: the rows are not split
+            self.cache_sharding = NamedSharding(lm.mesh, P(None, None, *tuple(cache)[2:]))
 
         def counted(f: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -193,7 +202,8 @@ class Steps:
             return wrapper
 
         def prefill(state, tokens, length, keys, temperature, top_k, top_p):
-            k, v = fns.new_cache(1, tokens.shape[1])
+            kt, vt = fns.cache_shapes(1, tokens.shape[1])
+            k, v = jnp.zeros(kt, fns.dtype), jnp.zeros(vt, fns.dtype)
             logits, k, v = fns.prefill(state, tokens, length, k, v)
             return _choose(logits, keys, jnp.zeros(1, jnp.int32), temperature, top_k, top_p), k, v
 
@@ -224,16 +234,20 @@ class Steps:
             return lax.pad(k, jnp.zeros((), k.dtype), cfg(k, kt)), lax.pad(v, jnp.zeros((), v.dtype), cfg(v, vt))
 
         def fresh(*, rows, cache_len):
-            return fns.new_cache(rows, cache_len)
+            kt, vt = fns.cache_shapes(rows, cache_len)
+            return jnp.zeros(kt, fns.dtype), jnp.zeros(vt, fns.dtype)
 
+        # every output committed where the next program expects it: tokens with self.sharding, caches
+        # with self.cache_sharding (one device, or a mesh)
+        on, caches = self.sharding, (self.cache_sharding, self.cache_sharding)
         jit = lambda f, **kw: jax.jit(counted(f), compiler_options=options, **kw)  # noqa: E731
-        self._prefill = jit(prefill)
-        self._decode = jit(decode, donate_argnums=(3, 4))
-        self._place = jit(place, static_argnames=("cache_len",))
-        self._insert = jit(insert, donate_argnums=(0, 1))
-        self._move = jit(move, donate_argnums=(0, 1))
-        self._resize = jit(resize, static_argnames=("rows", "cache_len"))
-        self._fresh = jit(fresh, static_argnames=("rows", "cache_len"), out_shardings=self.sharding)
+        self._prefill = jit(prefill, out_shardings=(on, *caches))
+        self._decode = jit(decode, donate_argnums=(3, 4), out_shardings=(on, *caches))
+        self._place = jit(place, static_argnames=("cache_len",), out_shardings=caches)
+        self._insert = jit(insert, donate_argnums=(0, 1), out_shardings=caches)
+        self._move = jit(move, donate_argnums=(0, 1), out_shardings=caches)
+        self._resize = jit(resize, static_argnames=("rows", "cache_len"), out_shardings=caches)
+        self._fresh = jit(fresh, static_argnames=("rows", "cache_len"), out_shardings=caches)
 
     # -- running ------------------------------------------------------------------------------
     def prefill(self, tokens: np.ndarray, length: int, keys: np.ndarray, temperature: float, top_k: int, top_p: float):
@@ -286,9 +300,9 @@ class Steps:
         S = jax.ShapeDtypeStruct
         i32, f32, u32, dt = jnp.int32, jnp.float32, jnp.uint32, fns.dtype
 
-        def caches(rows, cache_len):  # committed to the device, as every cache is
+        def caches(rows, cache_len):  # committed with the caches' sharding, as every cache is
             kt, vt = fns.cache_shapes(rows, cache_len)
-            return S(kt, dt, sharding=on), S(vt, dt, sharding=on)
+            return S(kt, dt, sharding=self.cache_sharding), S(vt, dt, sharding=self.cache_sharding)
 
         out: list[tuple[str, Callable[[], Any]]] = []
         for p in b.prompt:
