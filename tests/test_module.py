@@ -110,6 +110,62 @@ def test_failed_load_changes_nothing():
     assert all(p.state_dict()[k] is first[k] for k in first)
 
 
+def test_bad_keys_and_unloadable_dtypes_name_the_key_or_the_weight():
+    p = Parent()
+    first = _random_state(p)
+    p.load_state_dict(first)
+    for key in (0, ("child", "kernel"), None, b"child.kernel"):
+        for strict in (True, False):
+            with pytest.raises(ValueError) as e:
+                p.load_state_dict({**_random_state(p), key: np.zeros(1, np.float32)}, strict=strict)
+            assert str(e.value) == f"load_state_dict() keys must be weight names (str), got {key!r} of type {type(key).__name__}"
+    for dtype in (np.complex64, object, "U3", "S3", ">f4"):
+        value = first["child.kernel"].astype(dtype)
+        with pytest.raises(ValueError) as e:
+            p.load_state_dict({**_random_state(p), "child.kernel": value})
+        msg = str(e.value)
+        assert msg.startswith(f"Value provided to weight 'child.kernel' had unsupported dtype (actual={value.dtype}):"), msg
+        assert "\n" not in msg
+    with pytest.raises(ValueError, match="needs a mapping of weight names to arrays, got a list"):
+        p.load_state_dict(list(first.items()))
+    assert all(p.state_dict()[k] is first[k] for k in first)  # nothing changed
+
+
+class Symbolic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = Weight("w", DType.float32, ["batch", 4], DeviceRef.CPU())
+        self.sq = Weight("sq", DType.float32, ["n", "n"], DeviceRef.CPU())
+
+
+def test_symbolic_dims_take_any_size_but_rank_and_static_dims_are_checked():
+    m = Symbolic()
+    good = {"w": np.ones((7, 4), np.float32), "sq": np.ones((3, 3), np.float32)}
+    m.load_state_dict(good)
+    for w, value in [("w", np.ones(512, np.float32)), ("w", np.ones((7, 5), np.float32)), ("w", np.ones((1, 7, 4), np.float32)), ("sq", np.ones((3, 2), np.float32))]:
+        expected = "('batch', 4)" if w == "w" else "('n', 'n')"
+        with pytest.raises(ValueError) as e:
+            m.load_state_dict({**good, w: value})
+        assert str(e.value) == f"Value provided to weight '{w}' had different shape (expected={expected}, actual={value.shape})."
+        assert m.w.value is good["w"] and m.sq.value is good["sq"]
+    other = {"w": np.ones((0, 4), np.float32), "sq": np.ones((5, 5), np.float32)}
+    m.load_state_dict(other)
+    assert m.w.value is other["w"] and m.sq.value is other["sq"]
+
+
+def test_several_bad_values_are_reported_on_one_line():
+    p = Parent()
+    sd = _random_state(p)
+    sd["child.kernel"] = sd["child.kernel"].T.copy()
+    sd["layers.0.bias"] = [0.0, 1.0]
+    with pytest.raises(ValueError) as e:
+        p.load_state_dict(sd)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "weight 'child.kernel' had different shape (expected=(2, 3), actual=(3, 2))." in msg
+    assert "The class type of 'layers.0.bias' value (<class 'list'>)" in msg
+
+
 def test_strict_false_returns_missing_and_unexpected_keys():
     p = Parent()
     sd = _random_state(p)

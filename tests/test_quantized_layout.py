@@ -10,7 +10,7 @@ import pytest
 
 from maxjax import nn
 from maxjax.dtype import DType
-from maxjax.engine import Program
+from maxjax.engine import InferenceSession, Program
 from maxjax.graph import DeviceRef, Graph, TensorType, Weight, ops
 from maxjax.backend import cpu_policy, policy_for
 from maxjax.graph.quantization import (
@@ -211,3 +211,15 @@ def test_a_new_encoding_is_one_class():
             np.testing.assert_array_equal(np.asarray(rows), dense[ids])
     finally:
         register_encoding(enc, None)
+
+
+def test_a_quantized_graph_output_is_the_weights_gguf_bytes_as_in_max():
+    q = _quantized(8, 64, gguf.GGMLQuantizationType.Q8_0)
+    emb = nn.Embedding(8, 64, DType.float32, quantization_encoding=QuantizationEncoding.Q8_0)
+    emb.load_state_dict({"weight": q})
+    with Graph("rows", input_types=[TensorType(DType.int32, [2], DeviceRef.CPU())]) as g:
+        g.output(ops.gather(emb.weight, g.inputs[0], axis=0), emb(g.inputs[0]))
+    assert g._packed_only == {"weight"}  # its bytes are read, so it stays in the file's layout
+    raw, rows = InferenceSession().load(g, weights_registry=emb.state_dict()).execute(np.array([1, 3], np.int32))
+    np.testing.assert_array_equal(raw.to_numpy(), q[[1, 3]])
+    np.testing.assert_array_equal(rows.to_numpy(), gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0)[[1, 3]])

@@ -69,6 +69,10 @@ def test_remat_and_bfloat16_train():
     assert float(m1["loss"]) == pytest.approx(float(m2["loss"]), rel=1e-6)
     for k in s1.params:
         np.testing.assert_allclose(np.asarray(s1.params[k]), np.asarray(s2.params[k]), rtol=1e-5, atol=1e-6)
+    unrolled = train.Trainer(model, optax.sgd(0.1), scan=False)  # every layer inlined: entries by layer name
+    assert unrolled.program.chains == [] and "layers.2.mlp.up_proj.weight" in unrolled.entries
+    _, m3 = unrolled.step(unrolled.init(), batch)
+    assert float(m3["loss"]) == pytest.approx(float(m1["loss"]), rel=1e-6)
     half = train.Trainer(train.dequantized(model, "bfloat16"), optax.adam(1e-2))
     state = half.init()
     assert all(v.dtype == jnp.bfloat16 for v in state.params.values())

@@ -72,6 +72,24 @@ def test_corrupted_file_through_the_installed_command(tmp_path):
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    "file,content,message",
+    [
+        ("_METADATA", b"{not json", "_METADATA: damaged orbax tree metadata: not valid JSON"),
+        ("manifest.ocdbt", b"\x00" * 64, "damaged orbax checkpoint: cannot read its arrays' metadata: ValueError: DATA_LOSS"),
+    ],
+)
+def test_damaged_orbax_checkpoint_through_the_installed_command(tmp_path, file, content, message):
+    from maxjax.graph.weights import save_state
+
+    path = save_state(tmp_path / "ck", {f"w{i}": np.ones((4, 4), np.float32) for i in range(4)})
+    (tmp_path / "ck" / file).write_bytes(content)
+    proc = subprocess.run([sys.executable, "-m", "maxjax.cli", "inspect", path], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"maxjax inspect: error: {path}") and message in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr and "absl" not in proc.stderr
+
+
 def test_usage_errors_and_subcommand_registry(capsys):
     assert "inspect" in [c.name for c in SUBCOMMANDS]
     assert main([]) == 2

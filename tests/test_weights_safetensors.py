@@ -194,6 +194,55 @@ def test_index_that_disagrees_with_its_shards(tmp_path):
         SafetensorWeights([index_path])
 
 
+def _rewrite_index(directory, **weight_map):
+    path = directory / "model.safetensors.index.json"
+    index = json.loads(path.read_text())
+    index["weight_map"].update(weight_map)
+    path.write_text(json.dumps(index))
+    return path
+
+
+def test_index_cannot_name_a_file_outside_its_directory(tmp_path):
+    outside = tmp_path / "outside.safetensors"
+    save_file({"model.a.weight": np.full((2, 2), 66, np.float32), "model.b": np.zeros(3, np.int32)}, str(outside))
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    _sharded(ckpt)
+    os.symlink(outside, ckpt / "link.safetensors")
+    for shard, why in [
+        ("../outside.safetensors", r"the shard path '\.\./outside\.safetensors', which leads out of .*ckpt$"),
+        (str(outside), r"the absolute shard path '.*outside\.safetensors'; shards are named relative to the index$"),
+        ("link.safetensors", r"the shard path 'link\.safetensors', a link to .*outside\.safetensors, outside .*ckpt$"),
+    ]:
+        index = _rewrite_index(ckpt, **{"model.a.weight": shard, "model.b": shard})
+        with pytest.raises(WeightsFileError, match=rf"^{index}: weight_map gives tensor 'model.a.weight' {why}"):
+            SafetensorWeights([index])
+        with pytest.raises(WeightsFileError, match="weight_map gives tensor 'model.a.weight'"):
+            load_weights([ckpt])
+
+
+def test_index_and_shards_linked_into_one_blob_directory_load(tmp_path):
+    """The Hugging Face cache's layout: snapshots/<rev>/* are links into blobs/."""
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshots" / "rev"
+    blobs.mkdir()
+    snap.mkdir(parents=True)
+    a, b = _sharded(blobs)
+    for f in blobs.iterdir():
+        os.symlink(os.path.relpath(f, snap), snap / f.name)
+    w = SafetensorWeights([snap / "model.safetensors.index.json"])
+    for name, arr in {**a, **b}.items():
+        np.testing.assert_array_equal(w[name].data().to_numpy(), arr)
+
+
+@pytest.mark.parametrize("value", [5, None, 1.5, True, [], {}, ""])
+def test_index_value_that_is_not_a_file_name(tmp_path, value):
+    _sharded(tmp_path)
+    index = _rewrite_index(tmp_path, **{"model.b": value})
+    with pytest.raises(WeightsFileError) as info:
+        SafetensorWeights([index])
+    assert str(info.value) == f"{index}: weight_map gives tensor 'model.b' the shard {value!r}, which is not a file name"
+
+
 def test_a_tensor_in_two_files_is_an_error(tmp_path):
     p1 = _write(tmp_path / "a.safetensors", {"x": np.zeros(2, np.float32)})
     p2 = _write(tmp_path / "b.safetensors", {"x": np.zeros(2, np.float32)})

@@ -8,11 +8,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from typing import Any
 
 from maxjax.dtype import DType
 
+from maxjax.cli.devices import add_mesh_arguments, mesh_from_arguments
 from maxjax.cli.errors import CLIError
 
 __all__ = ["configure", "run"]
@@ -48,6 +51,26 @@ def configure(p: argparse.ArgumentParser) -> None:
         "file's blocks; slow on CPU), dequantized (float32)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar while weights load")
+    add_mesh_arguments(p)
+    _one_line_usage_errors(p)
+
+
+def _one_line_usage_errors(p: argparse.ArgumentParser) -> None:
+    """A bad or unknown argument is reported in one line (exit status 2), not the usage text and a
+    line (unknown ones are caught here: argparse leaves them to the top-level parser)."""
+    parse_known_args = p.parse_known_args
+
+    def error(message: str) -> None:
+        p.exit(2, f"{p.prog}: error: {' '.join(message.split())} (see {p.prog} --help)\n")
+
+    def parse_known(args: Any = None, namespace: Any = None) -> Any:
+        namespace, extras = parse_known_args(args, namespace)
+        if extras:
+            error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+    p.error = error  # type: ignore[method-assign]
+    p.parse_known_args = parse_known  # type: ignore[method-assign]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,6 +87,12 @@ def run(args: argparse.Namespace) -> int:
         byte = f"0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else repr(bad)
         raise CLIError(f"PROMPT is not valid UTF-8 text: byte {byte} at character {e.start}") from None
     check_sampling(args.temperature, args.top_k, args.top_p, args.seed, names=_FLAG_NAMES)
+    out = sys.stdout
+    if args.coordinator:  # a multi-process run: the collectives' C++ library prints to fd 1, keep the text apart
+        sys.stdout.flush()
+        out = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+    mesh = mesh_from_arguments(args)
     from maxjax.models import load_model
 
     t0 = time.perf_counter()
@@ -72,9 +101,16 @@ def run(args: argparse.Namespace) -> int:
         dtype=_DTYPES[args.dtype],
         progress=not args.no_progress and sys.stderr.isatty(),
         quantized_layout=None if args.quantized_layout == "auto" else args.quantized_layout,
+        mesh=mesh,
     )
     load_s = time.perf_counter() - t0
-    out = sys.stdout
+    context = lm.config.max_position_embeddings
+    n_prompt = len(lm.encode_prompt(args.prompt, args.chat))
+    if n_prompt + args.max_new_tokens > context:
+        raise CLIError(
+            f"--max-new-tokens {args.max_new_tokens}: the prompt ({n_prompt} tokens) plus the new tokens exceed "
+            f"the model's context of {context} tokens ({lm.source})"
+        )
     for piece in lm.stream(
         args.prompt,
         args.max_new_tokens,
@@ -88,11 +124,16 @@ def run(args: argparse.Namespace) -> int:
         out.flush()
     g = lm.last_generation
     out.write("\n")
+    read = ""
+    if mesh is not None:  # what this process read of the model file: only its devices' shards
+        from maxjax.graph.weights.lazy import bytes_read
+
+        read = f", this process read {bytes_read() / 1e6:.1f} MB of weights"
     print(
         f"[{len(g.prompt_ids)} prompt tokens, {len(g.token_ids)} new tokens ({g.finish_reason}), "
         f"time to first token {g.time_to_first_token:.2f} s, {g.tokens_per_second:.1f} tokens/s, "
         + (f"compile {g.compile_seconds:.1f} s, " if g.compile_seconds else "")
-        + f"load {load_s:.1f} s]",
+        + f"load {load_s:.1f} s{read}]",
         file=sys.stderr,
     )
     return 0

@@ -1,7 +1,7 @@
-"""``maxjax inspect PATH...``: a checkpoint's metadata and every tensor (name, shape, dtype/encoding, bytes).
+r"""``maxjax inspect PATH...``: a checkpoint's metadata and every tensor (name, shape, dtype/encoding, bytes).
 
     maxjax inspect model.gguf                 # metadata and every tensor, like gguf-dump
-    maxjax inspect model.safetensors --filter 'layers\\.0\\.'
+    maxjax inspect model.safetensors --filter 'layers\.0\.'
 """
 
 from __future__ import annotations
@@ -30,6 +30,16 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-metadata", action="store_true", help="leave out the metadata table")
     p.add_argument("--max-items", type=int, default=8, metavar="N", help="array items shown per metadata value (default 8)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument(
+        "--mesh", metavar="AXES",
+        help="show how a model (a GGUF or a Hugging Face directory) sits on a mesh, e.g. dp=2,tp=4: each weight's "
+        "PartitionSpec and bytes per device (tensor parallel over tp)",
+    )  # fmt: skip
+    p.add_argument("--cpu-devices", type=int, metavar="N", help="give this process N host CPU devices (for --mesh on a CPU)")
+    p.add_argument(
+        "--quantized-layout", default="auto", choices=("auto", "nibbles", "unpacked", "packed", "dequantized"),
+        help="with --mesh: the runtime layout of quantized weights (default: the backend policy's)",
+    )  # fmt: skip
 
 
 def _human(n: int) -> str:
@@ -70,9 +80,59 @@ def _console() -> Any:
     return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
 
 
+def run_mesh(args: argparse.Namespace) -> int:
+    """``inspect --mesh``: the placement of each weight of a model on a mesh, from shapes alone."""
+    from maxjax.backend import policy_for
+    from maxjax.engine.mesh import make_mesh, parse_mesh, use_cpu_devices
+    from maxjax.engine.placement import placement_report
+    from maxjax.graph import ShardingStrategy
+    from maxjax.models.checkpoint import module_from_gguf, module_from_pretrained_dir
+
+    axes = parse_mesh(args.mesh)
+    if args.cpu_devices is not None:
+        use_cpu_devices(args.cpu_devices)
+    if len(args.paths) != 1:
+        raise CLIError("--mesh shows one model: give one PATH")
+    mesh = make_mesh(axes)
+    path = args.paths[0]
+    if os.path.isdir(path):
+        module, _ = module_from_pretrained_dir(path)
+    else:
+        module, _, _ = module_from_gguf(path, lazy=True)
+    tp = int(axes.get("tp", 1))
+    if tp > 1:
+        module.sharding_strategy = ShardingStrategy.tensor_parallel(tp)
+    module.to(mesh, axis="tp" if "tp" in axes else next(iter(axes)))
+    layout = policy_for(mesh.devices.flat[0]).quantized_layout if args.quantized_layout == "auto" else args.quantized_layout
+    pattern = re.compile(args.filter) if args.filter else None
+    rows = [r for r in placement_report(module, layout) if pattern is None or pattern.search(r["name"])]
+    mesh_text = ", ".join(f"{k}={v}" for k, v in axes.items())
+    if args.json:
+        print(json.dumps({"path": path, "mesh": axes, "quantized_layout": layout,
+                          "weights": [{**r, "spec": None if r["spec"] is None else [None if a is None else a for a in r["spec"]]} for r in rows]},
+                         indent=1, default=str))  # fmt: skip
+        return 0
+    from rich.table import Table
+
+    console = _console()
+    table = Table(title=f"{path} on mesh {mesh_text} (quantized layout {layout})", title_justify="left")
+    for col, justify in (("name", "left"), ("shape", "left"), ("on devices", "left"), ("PartitionSpec", "left"),
+                         ("layout", "left"), ("bytes / device", "right")):  # fmt: skip
+        table.add_column(col, justify=justify, no_wrap=True)
+    for r in rows:
+        table.add_row(r["name"], str(r["shape"]), str(r["runtime_shape"]), str(r["spec"]), r["layout"], f"{r['bytes_per_device']:,}")
+    console.print(table)
+    per_device, total = sum(r["bytes_per_device"] for r in rows), sum(r["bytes"] for r in rows)
+    console.print(f"{len(rows)} weight(s): {_human(per_device)} per device, {_human(total)} in all")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """``maxjax inspect PATH...``: metadata and every tensor (name, shape, dtype/encoding, bytes)."""
     from maxjax.graph.weights import load_weights, summarize
+
+    if args.mesh:
+        return run_mesh(args)
 
     try:
         pattern = re.compile(args.filter) if args.filter else None

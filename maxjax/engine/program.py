@@ -27,7 +27,8 @@ from maxjax.driver import jax_device_of, to_host_array, to_jax_array
 from maxjax.dtype import DType
 from maxjax.graph.graph import Graph, did_you_mean
 from maxjax.graph.quantization import LAYOUTS, to_layout
-from maxjax.graph.scan import chain_shared_keys, evaluate, find_chains, stack_chain_weights
+from maxjax.engine.placement import place_sharded
+from maxjax.graph.scan import chain_shared_keys, evaluate, find_chains
 from maxjax.graph.type import Shape
 
 __all__ = ["Program"]
@@ -135,28 +136,46 @@ class Program:
         weights = {}
         for k in self._plain_keys:
             w = self.graph._weights[k].weight
-            weights[k] = self._place(w, registry[k], self._target(w, device), k in self.graph._packed_only)
+            weights[k] = self._place(w, [registry[k]], self._target(w, device), k in self.graph._packed_only, False)
             tick(k)
         stacked = []
         for chain in self.chains:
-            arrays = stack_chain_weights(chain, lambda name: to_host_array(registry[name]))
             placed = {}
-            for k, v in arrays.items():
-                w = chain.sub._weights[k].weight
-                placed[k] = self._place(w, v, self._target(w, device, stacked=True), k in chain.sub._packed_only)
+            for k, entry in chain.sub._weights.items():
+                if not entry.placeholder:
+                    continue
+                values = [registry[p + k] for p in chain.prefixes]
+                w = entry.weight  # layer 0's: every layer of a chain has its shape, layout and sharding
+                placed[k] = self._place(w, values, self._target(w, device, stacked=True), k in chain.sub._packed_only, True)
                 for p in chain.prefixes:
                     tick(p + k)
             stacked.append(placed)
         state = {"weights": weights, "stacked": stacked}
         return jax.block_until_ready(state)  # loaded means loaded: no copy still running behind
 
-    def _place(self, w: Any, value: Any, target: Any, packed_only: bool) -> Any:
-        if w._is_gguf_quantized():  # GGUF blocks: in the layout the policy (or the program) picks
+    def _place(self, w: Any, values: list[Any], target: Any, packed_only: bool, stacked: bool) -> Any:
+        """One weight's value (or its layers' values, stacked) on ``target``: in its device
+        layout on a mesh, quantized weights in the runtime layout."""
+        gguf = w._is_gguf_quantized()
+        layout = None
+        if gguf:  # GGUF blocks: in the layout the policy (or the program) picks
             layout = "packed" if packed_only else self.quantized_layout
-            packed = jnp.asarray(to_host_array(value))
-            return jax.device_put(to_layout(layout, w.quantization_encoding, packed), target)
+            rows = w.stored_shape[-2] if len(w.stored_shape) >= 2 else 1
+            if layout == "nibbles" and (rows // _row_parts(target, len(w.stored_shape) + stacked)) % 2:
+                layout = "unpacked"  # nibbles pair rows: each device needs an even number of them
+        if isinstance(target, jax.sharding.NamedSharding) and (gguf or w._quantized_class() is None):
+            return place_sharded(
+                values, w.stored_device_layout, w.stored_shape, target, stacked=stacked,
+                encoding=w.quantization_encoding if gguf else None, quantized_layout=layout,
+            )  # fmt: skip
+        if not stacked and not gguf and w.device_layout is None and w._quantized_class() is None:
+            return to_jax_array(values[0], target)  # a device array stays on the device
+        host = [w.to_device_layout(to_host_array(v)) for v in values]
+        value = np.stack(host) if stacked else host[0]
+        if gguf:
+            return jax.device_put(to_layout(layout, w.quantization_encoding, jnp.asarray(value)), target)
         if w._quantized_class() is not None:  # another encoding: its class reads the stored value
-            return jax.device_put(w.as_value(to_host_array(value)), target)
+            return jax.device_put(w.as_value(value), target)
         return to_jax_array(value, target)
 
     @staticmethod
@@ -171,6 +190,11 @@ class Program:
         except ValueError:
             return device
 
+    def shardings(self, state: Mapping[str, Any]) -> Any:
+        """The pytree of ``jax.sharding.Sharding`` objects of a prepared ``state`` (for ``jax.jit``'s
+        ``in_shardings``/``out_shardings``)."""
+        return jax.tree.map(lambda a: a.sharding, state)
+
     def apply(self, state: Mapping[str, Any], *args: Any) -> list[Any]:
         """Evaluates the graph on ``args`` with prepared ``state`` (pure; jit/grad/vmap it freely)."""
         return evaluate(self.graph, self.chains, state["weights"], state["stacked"], args, self.remat, self.policy)
@@ -183,3 +207,19 @@ class Program:
                 for i, p in enumerate(chain.prefixes):
                     out[p + k] = jax.tree.map(lambda a, i=i: a[i], v)
         return out
+
+
+def _row_parts(target: Any, ndim: int) -> int:
+    """Into how many parts ``target`` splits the rows (second-to-last axis) of a weight: 1 when
+    they are not split."""
+    if not isinstance(target, jax.sharding.NamedSharding) or ndim < 2:
+        return 1
+    spec = tuple(target.spec) + (None,) * (ndim - len(tuple(target.spec)))
+    axes = spec[ndim - 2]
+    if axes is None:
+        return 1
+    names = axes if isinstance(axes, tuple) else (axes,)
+    parts = 1
+    for name in names:
+        parts *= target.mesh.shape[name]
+    return parts

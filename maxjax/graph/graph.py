@@ -340,7 +340,9 @@ class Graph:
         vals = []
         with self:
             for i, o in enumerate(outputs):
-                if isinstance(o, TensorValue) and o._graph is self:
+                if isinstance(o, TensorValue) and o._graph is self and o.quantization_encoding is not None:
+                    vals.append(ops.identity(o))  # an output is an array: a quantized weight's GGUF bytes, as in MAX
+                elif isinstance(o, TensorValue) and o._graph is self:
                     vals.append(o)
                 elif isinstance(o, TensorValue) and o._graph is not None:
                     raise ValueError(

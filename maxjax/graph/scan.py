@@ -30,7 +30,7 @@ import numpy as np
 from maxjax.graph.graph import Graph, Node
 from maxjax.graph.value import TensorValue
 
-__all__ = ["Chain", "find_chains", "stack_chain_weights", "evaluate"]
+__all__ = ["Chain", "find_chains", "evaluate"]
 
 
 @dataclass
@@ -155,18 +155,6 @@ def _valid(chain: Chain, nodes: list[Node], uses: dict[tuple[int, int], list[int
             if any(u <= last for u in uses.get((n.id, k), [])):
                 return False
     return True
-
-
-def stack_chain_weights(chain: Chain, lookup: Any) -> dict[str, Any]:
-    """Placeholder weights of ``chain`` stacked along a new leading (layer) axis.
-
-    ``lookup(name)`` gives the array of a registry name (for the caller's keys).
-    """
-    out = {}
-    for k, e in chain.sub._weights.items():
-        if e.placeholder:
-            out[k] = np.stack([np.asarray(lookup(p + k)) for p in chain.prefixes])
-    return out
 
 
 def chain_shared_keys(chain: Chain) -> list[str]:

@@ -26,14 +26,16 @@ from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from maxjax.driver import to_jax_array
 from maxjax.dtype import DType
 from maxjax.graph.binding import current_binding
+from maxjax.graph.sharding import DeviceLayout, Segment, ShardingStrategy, device_layout
 from maxjax.graph.type import DeviceRef, Shape, ShapeLike
 from maxjax.graph.value import TensorValue
 
-__all__ = ["Weight", "ShardingStrategy"]
+__all__ = ["Weight", "ShardingStrategy", "Segment"]
 
 
 class Weight(TensorValue):
@@ -64,7 +66,8 @@ class Weight(TensorValue):
         "_shard_parent",
         "_data",
         "_array_cache",
-        "sharding",
+        "_sharding",
+        "_mesh",
         "__dict__",
     )
 
@@ -93,8 +96,8 @@ class Weight(TensorValue):
         self._shard_parent: Weight | None = None
         self._data: Any = None
         self._array_cache: Any = None
-        #: A ``jax.sharding.Sharding`` (e.g. a ``NamedSharding`` over a mesh) for the value, or None.
-        self.sharding: Any = None
+        self._sharding: Any = None  # an explicit jax Sharding of the value
+        self._mesh: tuple[Any, str] | None = None  # (Mesh, axis name) of place()
 
     # -- metadata ----------------------------------------------------------------------------
     @property
@@ -126,14 +129,20 @@ class Weight(TensorValue):
 
     @property
     def _aval(self) -> Any:
-        """The abstract graph value: a ``ShapeDtypeStruct``, or for a GGUF-quantized weight an
-        abstract :class:`~maxjax.graph.quantization.PackedArray` (logical shape, encoding).
+        """The abstract graph value: a ``ShapeDtypeStruct``, or for a quantized weight an abstract
+        :class:`~maxjax.graph.quantization.QuantizedArray` (logical shape, encoding). A weight
+        placed on a mesh axis (:meth:`place`) has the shape of its :attr:`device_layout`.
 
         Raises:
             ValueError: a quantized weight whose declared shape is not whole GGUF blocks.
         """
-        sds = jax.ShapeDtypeStruct(self._shape.to_exprs(), self._dtype.to_jax())
+        layout = self.device_layout
+        shape = self._shape.to_exprs()
         cls = self._quantized_class()
+        if layout is not None:
+            logical = layout.shape(self._logical_shape())
+            shape = self.quantization_encoding.packed_shape(logical) if cls is not None else logical
+        sds = jax.ShapeDtypeStruct(shape, self._dtype.to_jax())
         if cls is not None:
             try:
                 return cls.from_stored(self.quantization_encoding, sds)
@@ -158,24 +167,39 @@ class Weight(TensorValue):
     def original_dtype_and_shape(self) -> tuple[DType, Shape]:
         """The dtype and shape before quantization packing: for a GGUF-quantized weight the
         logical float32 tensor, otherwise the weight's own dtype and shape."""
-        if self._quantized_class() is not None:
-            return DType.float32, Shape(self._aval.shape)
+        cls = self._quantized_class()
+        if cls is not None:
+            sds = jax.ShapeDtypeStruct(self._shape.to_exprs(), self._dtype.to_jax())
+            try:
+                return DType.float32, Shape(cls.from_stored(self.quantization_encoding, sds).shape)
+            except ValueError as e:
+                raise ValueError(f"Weight {self.name!r}: {e}") from None
         return self._dtype, self._shape
+
+    def _logical_shape(self) -> tuple[int, ...]:
+        """The static shape a sharding strategy splits: the logical one of a quantized weight."""
+        return tuple(int(d) for d in self.original_dtype_and_shape[1])
 
     @property
     def shape_dtype_struct(self) -> jax.ShapeDtypeStruct:
-        """The JAX abstract value of this weight, with its ``sharding`` if one is set.
+        """The JAX abstract value of this weight's stored value (declared dtype and shape), with
+        its storage sharding (:attr:`storage_sharding`).
 
         ``jax.tree.map(lambda w: w.shape_dtype_struct, module.raw_state_dict())`` is the abstract
-        state for ``jax.eval_shape``, Orbax restore targets and ``jax.jit`` shardings.
+        state dict for ``jax.eval_shape`` and Orbax restore targets.
+
+        Raises:
+            ValueError: the shape is symbolic.
         """
         if not Shape.is_static(self._shape):
             raise ValueError(f"Weight {self.name!r} has a symbolic shape {self._shape}")
-        return jax.ShapeDtypeStruct(tuple(int(d) for d in self._shape), self._dtype.to_jax(), sharding=self.sharding)
+        shape = tuple(int(d) for d in self._shape)
+        return jax.ShapeDtypeStruct(shape, self._dtype.to_jax(), sharding=self.storage_sharding)
 
     # -- sharding ----------------------------------------------------------------------------
     @property
     def sharding_strategy(self) -> "ShardingStrategy | None":
+        """How :meth:`shard` (and :meth:`place`) split this weight (MAX's property)."""
         return self._sharding_strategy
 
     @sharding_strategy.setter
@@ -183,30 +207,164 @@ class Weight(TensorValue):
         # As in MAX 26.7, setting a strategy puts the host weight on the CPU.
         self._sharding_strategy = strategy
         self._device = DeviceRef.CPU()
+        self._array_cache = None
 
-    def shard(self, devices: Iterable[DeviceRef]) -> list["Weight"]:
-        """Sharded views of this weight, one per device, named ``"{name}[i]"`` with ``shard_idx=i``.
+    @property
+    def sharding(self) -> Any:
+        """The ``jax.sharding.Sharding`` of this weight's runtime value: one set by assignment,
+        else that of :meth:`place` (the strategy's axis over the mesh axis, replicated without a
+        strategy), else None (the weight's device)."""
+        if self._sharding is not None:
+            return self._sharding
+        if self._mesh is None:
+            return None
+        mesh, axis = self._mesh
+        layout = self.device_layout
+        return _named(mesh, axis, layout.axis if layout is not None else None, len(self._logical_shape()))
 
-        The registry key stays ``name``: each shard is computed from the host weight's value by the
-        strategy (lower shard indices take the extra rows of an uneven split, as in MAX).
+    @sharding.setter
+    def sharding(self, value: Any) -> None:
+        self._sharding = value
+        self._array_cache = None
+
+    @property
+    def storage_sharding(self) -> Any:
+        """The sharding of the stored value (declared layout, what checkpoints hold): one set by
+        assignment; for a weight placed on a mesh, its strategy's axis over the mesh axis where
+        the declared size divides evenly, else replicated; else None."""
+        if self._sharding is not None or self._mesh is None:
+            return self._sharding
+        mesh, axis = self._mesh
+        layout = self.device_layout
+        if layout is None or int(self._shape[layout.axis]) % mesh.shape[axis]:
+            return _named(mesh, axis, None, self._shape.rank)
+        return _named(mesh, axis, layout.axis, self._shape.rank)
+
+    @property
+    def mesh(self) -> tuple[Any, str] | None:
+        """``(mesh, axis name)`` given to :meth:`place`, or None."""
+        return self._mesh
+
+    def place(self, mesh: Any, axis: str = "tp") -> None:
+        """Puts this weight on ``mesh`` (the SPMD path): split over mesh axis ``axis`` by its
+        sharding strategy, or replicated when it has none (or ``replicate``).
+
+        The runtime value is then the strategy's :class:`~maxjax.graph.sharding.DeviceLayout`:
+        every device's shard (MAX's shard ``i``) padded with zeros to the largest and laid out
+        contiguously, so a ``NamedSharding`` gives each device exactly its shard whatever the
+        split (uneven heads, ``gate_up`` halves, stacked QKV). Graphs built after this see that
+        shape; ``state_dict()``, ``load_state_dict`` and checkpoints keep the declared layout.
 
         Raises:
-            ValueError: no sharding strategy was set, or this weight is already a shard.
+            ValueError: ``axis`` is not an axis of ``mesh``, the strategy is for another number of
+                devices than the axis has, or it cannot split this weight (names weight, axis,
+                sizes and device counts).
         """
-        if self.shard_idx is not None:
-            raise ValueError(f"Weight {self.name!r} was already sharded. Use __getitem__ instead.")
+        mesh = auto_mesh(mesh)
+        names = tuple(mesh.axis_names)
+        if axis not in names:
+            raise ValueError(f"Weight {self.name!r}: mesh axis {axis!r} does not exist (the mesh has axes {names})")
+        strategy = self._sharding_strategy
+        n = mesh.shape[axis]
+        if strategy is not None and not strategy.is_replicate and strategy.num_devices != n:
+            raise ValueError(
+                f"Weight {self.name!r}: its sharding strategy splits it over {strategy.num_devices} devices, but mesh "
+                f"axis {axis!r} has {n}"
+            )
+        old = self._mesh
+        self._mesh = (mesh, axis)
+        try:
+            self.stored_device_layout  # noqa: B018 - validates the strategy against the weight now
+        except (ValueError, NotImplementedError) as e:
+            self._mesh = old
+            raise ValueError(f"Weight {self.name!r} of shape {[int(d) for d in self._shape]}: cannot place on mesh axis {axis!r} ({n} devices): {e}") from None
+        self._array_cache = None
+
+    @property
+    def device_layout(self) -> DeviceLayout | None:
+        """How the runtime value lays this weight's shards out on its mesh axis (see
+        :meth:`place`); None when not placed, or replicated."""
+        strategy = self._sharding_strategy
+        if self._mesh is None or strategy is None or strategy.is_replicate:
+            return None
+        return device_layout(strategy, self._logical_shape())
+
+    @property
+    def stored_device_layout(self) -> DeviceLayout | None:
+        """:attr:`device_layout` on the stored value (on the GGUF bytes of a quantized weight).
+
+        Raises:
+            ValueError: a quantized weight split between columns that are not whole blocks.
+        """
+        layout = self.device_layout
+        if layout is None or self._quantized_class() is None:
+            return layout
+        return layout.for_packed(self.quantization_encoding, len(self._logical_shape()), self.name)
+
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        """The shape of the stored value in :attr:`stored_device_layout` (the declared one when
+        the weight has no layout)."""
+        layout = self.stored_device_layout
+        shape = tuple(int(d) for d in self._shape)
+        return shape if layout is None else layout.shape(shape)
+
+    def storage_array(self, value: Any) -> jax.Array:
+        """A stored value (declared layout) as a ``jax.Array`` with :attr:`storage_sharding`: on a
+        mesh each process reads and places only its devices' blocks (what checkpoints save)."""
+        sharding = self.storage_sharding
+        if isinstance(sharding, jax.sharding.NamedSharding):
+            from maxjax.graph.weights.lazy import host_indexable
+
+            host = host_indexable(value)
+            shape = tuple(int(d) for d in self._shape)
+            return jax.make_array_from_callback(shape, sharding, lambda index: np.asarray(host[index]))
+        return to_jax_array(value, sharding)
+
+    def to_device_layout(self, value: Any) -> Any:
+        """A stored value (declared layout; GGUF bytes for a quantized weight) in this weight's
+        :attr:`device_layout` (unchanged when it has none).
+
+        Raises:
+            ValueError: a quantized weight split between columns that are not whole blocks.
+        """
+        layout = self.stored_device_layout
+        if layout is None or layout.is_identity:
+            return value
+        return layout.apply(value)
+
+    def shard(self, devices: Iterable[DeviceRef]) -> list["Weight"]:
+        """Sharded views of this weight, one per device (MAX's ``Weight.shard``): named
+        ``"{name}[i]"`` after the name at this moment, with ``shard_idx=i``, the host's strategy and
+        the shard's shape; each is computed from the host weight's value by the strategy (the lower
+        indices take the extra rows of an uneven split). The registry key stays the host's name.
+
+        Raises:
+            ValueError: no sharding strategy was set, this weight is already a shard (MAX's
+                messages), or ``devices`` are not as many as the strategy's (MAX does not check).
+            NotImplementedError: a quantized weight (place it on a mesh instead, see :meth:`place`).
+        """
         strategy = self._sharding_strategy
         if strategy is None:
-            raise ValueError(f"Weight {self.name!r} cannot be sharded because no sharding strategy was provided.")
+            raise ValueError(f"Weight {self.name} cannot be sharded because no sharding strategy was provided.")
+        if self.shard_idx is not None:
+            raise ValueError(f"Weight {self.name} was already sharded. Use __getitem__ instead.")
         devices = list(devices)
         if len(devices) != strategy.num_devices:
             raise ValueError(
-                f"Weight {self.name!r}: sharding strategy is for {strategy.num_devices} devices, got {len(devices)}"
+                f"Weight {self.name}: its sharding strategy is for {strategy.num_devices} devices, got {len(devices)}"
             )
+        if self._quantized_class() is not None:
+            raise NotImplementedError(
+                f"Weight {self.name}: per-device shards of a quantized weight are not supported (MAX does not pass a "
+                "quantization encoding to shards either); place it on a mesh with Weight.place or Module.to(mesh)"
+            )
+        aval = jax.ShapeDtypeStruct(self._shape.to_exprs(), self._dtype.to_jax())
         shards = []
         for i, dev in enumerate(devices):
-            probe = jax.eval_shape(lambda x, i=i: strategy.shard_array(x, i), self._aval)
-            w = Weight(f"{self.name}[{i}]", self._dtype, probe.shape, dev, self.quantization_encoding, self.align)
+            shape = jax.eval_shape(lambda x, i=i: strategy.shard(x, i, strategy.num_devices), aval).shape
+            w = Weight(f"{self.name}[{i}]", self._dtype, shape, dev, None, self.align)
+            w._sharding_strategy = strategy
             w.shard_idx = i
             w._shard_parent = self
             shards.append(w)
@@ -220,11 +378,19 @@ class Weight(TensorValue):
             ValueError: used with no graph, no binding and no loaded value.
         """
         if self._shard_parent is not None:
-            parent = self._shard_parent._resolve(graph)
-            strategy = self._shard_parent._sharding_strategy
+            host = self._shard_parent
+            value = host._resolve(graph)
             from maxjax.graph.ops._core import apply
 
-            return apply(strategy.shard_array, parent, _name=f"shard[{self.shard_idx}]", i=self.shard_idx)
+            from maxjax.graph.ops.shape import transfer_to
+
+            layout = host.device_layout
+            if layout is not None:  # the host's value is all its shards laid out: take this one's block
+                shard = apply(layout.shard, value, _name=f"shard[{self.shard_idx}]", i=self.shard_idx)
+            else:
+                strategy = host._sharding_strategy
+                shard = apply(strategy.shard, value, _name=f"shard[{self.shard_idx}]", i=self.shard_idx, num_devices=strategy.num_devices)
+            return transfer_to(shard, self._device)  # as MAX: strategy(host, i).to(device)
         if graph is None:
             from maxjax.graph.graph import current_graph
 
@@ -258,7 +424,12 @@ class Weight(TensorValue):
                     target = self._device.jax_device()
                 except ValueError:
                     target = None
-            self._array_cache = self.as_value(self._data, target)
+            value = self._data
+            if self.device_layout is not None:
+                from maxjax.driver import to_host_array
+
+                value = self.to_device_layout(to_host_array(value))
+            self._array_cache = self.as_value(value, target)
         return self._array_cache
 
     def as_value(self, value: Any, device: Any = None) -> Any:
@@ -306,129 +477,18 @@ class Weight(TensorValue):
         return f"Weight({self.name}, {self._dtype!r}, [{dims}], {self._device}{enc})"
 
 
-def _shard_range(size: int, i: int, n: int) -> tuple[int, int]:
-    """Rows ``[start, stop)`` of shard ``i`` of ``n`` (lower shards take the extra rows, as MAX)."""
-    base, extra = divmod(size, n)
-    start = i * base + min(i, extra)
-    return start, start + base + (1 if i < extra else 0)
+def auto_mesh(mesh: Any) -> Any:
+    """``mesh`` with every axis of type ``Auto``: maxjax leaves the partitioning of its programs to
+    XLA's SPMD partitioner (an ``Explicit`` axis would ask every op for its output sharding)."""
+    from jax.sharding import AxisType, Mesh
+
+    if all(t == AxisType.Auto for t in mesh.axis_types):
+        return mesh
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
 
 
-def _take(x: Any, axis: int, start: int, stop: int) -> Any:
-    return jax.lax.slice_in_dim(x, start, stop, axis=axis)
-
-
-@dataclass(frozen=True)
-class ShardingStrategy:
-    """How a weight is split across ``num_devices`` devices (MAX's ``ShardingStrategy``).
-
-    ``shard(array, i, num_devices)`` returns shard ``i`` of an array. :meth:`partition_spec` gives
-    the equivalent ``jax.sharding.PartitionSpec`` over a mesh axis where one exists (rowwise,
-    columnwise, axiswise, replicate), for ``NamedSharding`` placement.
-    """
-
-    num_devices: int
-    shard: Callable[[Any, int, int], Any]
-    kind: str = "custom"
-    axis: int | None = None
-
-    def __call__(self, weight: Any, i: int) -> Any:
-        return self.shard(weight, i, self.num_devices)
-
-    def shard_array(self, x: Any, i: int) -> Any:
-        return self.shard(x, i, self.num_devices)
-
-    # -- constructors (MAX's names) ----------------------------------------------------------
-    @staticmethod
-    def axiswise(axis: int, num_devices: int) -> "ShardingStrategy":
-        def fn(x: Any, i: int, n: int) -> Any:
-            ax = axis % x.ndim
-            return _take(x, ax, *_shard_range(x.shape[ax], i, n))
-
-        return ShardingStrategy(num_devices, fn, "axiswise", axis)
-
-    @staticmethod
-    def rowwise(num_devices: int) -> "ShardingStrategy":
-        return ShardingStrategy(num_devices, ShardingStrategy.axiswise(0, num_devices).shard, "rowwise", 0)
-
-    @staticmethod
-    def columnwise(num_devices: int) -> "ShardingStrategy":
-        return ShardingStrategy(num_devices, ShardingStrategy.axiswise(1, num_devices).shard, "columnwise", 1)
-
-    @staticmethod
-    def replicate(num_devices: int) -> "ShardingStrategy":
-        return ShardingStrategy(num_devices, lambda x, i, n: x, "replicate")
-
-    @staticmethod
-    def gate_up(num_devices: int, axis: int = 2) -> "ShardingStrategy":
-        """Each half (gate, up) of a fused gate/up weight split separately along ``axis`` (0 or 1)."""
-        ax = 0 if axis == 2 else axis
-
-        def fn(x: Any, i: int, n: int) -> Any:
-            half = x.shape[ax] // 2
-            parts = [_take(x, ax, 0, half), _take(x, ax, half, x.shape[ax])]
-            return jnp.concatenate([_take(p, ax, *_shard_range(half, i, n)) for p in parts], axis=ax)
-
-        return ShardingStrategy(num_devices, fn, "gate_up", ax)
-
-    @staticmethod
-    def stacked_qkv(num_devices: int, num_heads: int, head_dim: int) -> "ShardingStrategy":
-        """Shard ``i`` of a stacked ``[3 * num_heads * head_dim, in]`` QKV weight: its heads of Q, K and V."""
-
-        def fn(x: Any, i: int, n: int) -> Any:
-            q, k, v = (_take(x, 0, j * num_heads * head_dim, (j + 1) * num_heads * head_dim) for j in range(3))
-            start, stop = _shard_range(num_heads, i, n)
-            return jnp.concatenate([_take(p, 0, start * head_dim, stop * head_dim) for p in (q, k, v)], axis=0)
-
-        return ShardingStrategy(num_devices, fn, "stacked_qkv", 0)
-
-    @staticmethod
-    def tensor_parallel(num_devices: int) -> "ShardingStrategy":
-        raise NotImplementedError("ShardingStrategy.tensor_parallel is a placeholder in MAX 26.7 too")
-
-    @staticmethod
-    def expert_parallel(num_devices: int) -> "ShardingStrategy":
-        raise NotImplementedError("ShardingStrategy.expert_parallel is a placeholder in MAX 26.7 too")
-
-    # -- predicates --------------------------------------------------------------------------
-    @property
-    def is_rowwise(self) -> bool:
-        return self.kind == "rowwise"
-
-    @property
-    def is_colwise(self) -> bool:
-        return self.kind == "columnwise"
-
-    @property
-    def is_replicate(self) -> bool:
-        return self.kind == "replicate"
-
-    @property
-    def is_axiswise(self) -> bool:
-        return self.kind == "axiswise"
-
-    @property
-    def is_gate_up(self) -> bool:
-        return self.kind == "gate_up"
-
-    @property
-    def is_stacked_qkv(self) -> bool:
-        return self.kind == "stacked_qkv"
-
-    @property
-    def sharded_axis(self) -> int | None:
-        return self.axis
-
-    def partition_spec(self, rank: int, mesh_axis: str) -> jax.sharding.PartitionSpec:
-        """The ``PartitionSpec`` that splits a rank-``rank`` array the same way over ``mesh_axis``.
-
-        Raises:
-            ValueError: the strategy has no single-axis equivalent (gate_up, stacked_qkv, custom).
-        """
-        P = jax.sharding.PartitionSpec
-        if self.kind == "replicate":
-            return P()
-        if self.kind in ("rowwise", "columnwise", "axiswise"):
-            spec: list[str | None] = [None] * rank
-            spec[self.axis % rank] = mesh_axis
-            return P(*spec)
-        raise ValueError(f"ShardingStrategy {self.kind!r} has no PartitionSpec equivalent")
+def _named(mesh: Any, axis: str, split_axis: int | None, rank: int) -> Any:
+    spec = [None] * rank
+    if split_axis is not None:
+        spec[split_axis] = axis
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))

@@ -17,7 +17,6 @@ is :mod:`maxjax.models.generation`.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ from maxjax.graph import Graph, TensorType
 from maxjax.models import generation
 from maxjax.models.decoding import DecoderFunctions, cache_shapes
 from maxjax.models.generation import Generation
-from maxjax.models.registry import for_gguf, for_hf_config
+from maxjax.models import checkpoint
 from maxjax.models.sampling import check_sampling, greedy, sample
 
 __all__ = ["CausalLM", "Generation"]
@@ -57,6 +56,14 @@ class CausalLM:
             ``"dequantized"``); None: the backend policy's choice for the platform and CPU. All
             give the same weights, bit for bit.
         policy: the :class:`~maxjax.backend.BackendPolicy` (None: JAX's default backend's).
+        mesh: a ``jax.sharding.Mesh`` to run on: tensor parallel over its ``tp`` axis (the
+            module's ``sharding_strategy = tensor_parallel(n)``: attention heads and their KV cache,
+            the MLP, the vocabulary of the embedding and head) and data parallel over ``dp`` (the
+            batch and its KV cache). Either axis may be missing or of size 1.
+        mesh_axes: the names of the data- and tensor-parallel axes (default ``("dp", "tp")``).
+
+    Raises:
+        ValueError: a mesh axis that does not exist, or a module that cannot be split over it.
     """
 
     def __init__(
@@ -69,9 +76,13 @@ class CausalLM:
         source: str = "",
         quantized_layout: str | None = None,
         policy: Any = None,
+        mesh: Any = None,
+        mesh_axes: tuple[str, str] = ("dp", "tp"),
     ):
         self.module, self.config, self.tokenizer, self.dtype, self.source = module, config, tokenizer, dtype, source
-        keys, values = cache_shapes(config, "batch", "cache_len")
+        self.mesh, self.mesh_axes = _prepare_mesh(module, mesh, mesh_axes)
+        kv_heads = getattr(module, "kv_cache_heads", None)
+        keys, values = cache_shapes(config, "batch", "cache_len", kv_heads)
         types = [
             TensorType(DType.int32, ["batch", "seq"]),
             TensorType(DType.int32, ["batch", "seq"]),
@@ -80,9 +91,13 @@ class CausalLM:
             TensorType(DType.int32, ["batch"]),
         ]
         self.graph = Graph("causal_lm", forward=module, input_types=types)
-        self.program = Program(self.graph, quantized_layout=quantized_layout, policy=policy)
+        devices = list(self.mesh.devices.flat) if self.mesh is not None else None
+        self.program = Program(self.graph, quantized_layout=quantized_layout, policy=policy, devices=devices)
+        shard = self._batch_shardings()
         #: the pure functions of (state, inputs) for users' own jits (see maxjax.models.decoding)
-        self.functions = DecoderFunctions(self.program, config, dtype.to_jax())
+        self.functions = DecoderFunctions(
+            self.program, config, dtype.to_jax(), kv_heads, None if shard is None else (shard["cache"], shard["cache"])
+        )
         bar = _progress_bar(len(self.graph._weights), "loading weights") if progress else None
         try:
             self.state = self.program.prepare(module.state_dict(), progress=(lambda name: bar.update(1)) if bar else None)
@@ -93,14 +108,52 @@ class CausalLM:
         self._default_key = jax.random.key(0)  # the key argument of greedy steps (unused by them)
         forward = self.functions.forward
 
-        def step(state, tokens, positions, k_cache, v_cache, last_index, key, temperature, top_k, top_p, *, do_sample):
+        def step(state, tokens, positions, k_cache, v_cache, last_index, key, temperature, top_k, top_p, do_sample):
             self.num_compiles += 1  # runs once per trace, i.e. per compilation
             logits, k_cache, v_cache = forward(state, tokens, positions, k_cache, v_cache, last_index)
             nxt = sample(logits, key, temperature, top_k, top_p) if do_sample else greedy(logits)
             return nxt, logits, k_cache, v_cache
 
         options = self.program.policy.compiler_options(dtype.to_jax())  # per program: nothing global changes
-        self._step = jax.jit(step, static_argnames=("do_sample",), donate_argnums=(3, 4), compiler_options=options)
+        shardings = {}
+        if shard is not None:  # explicit in/out shardings on a mesh: the batch over dp, heads over tp
+            state_sh = self.program.shardings(self.state)
+            rep = shard["replicated"]
+            shardings = dict(  # the next tokens and logits replicated: every process reads them
+                in_shardings=(state_sh, shard["rows"], shard["rows"], shard["cache"], shard["cache"], shard["batch"], rep, rep, rep, rep),
+                out_shardings=(rep, rep, shard["cache"], shard["cache"]),
+            )  # fmt: skip
+        self._step = jax.jit(step, static_argnums=10, donate_argnums=(3, 4), compiler_options=options, **shardings)
+
+    @property
+    def batch_multiple(self) -> int:
+        """Batches run in multiples of this many rows (the data-parallel axis's size)."""
+        if self.mesh is None or self.mesh_axes[0] not in self.mesh.axis_names:
+            return 1
+        return int(self.mesh.shape[self.mesh_axes[0]])
+
+    def _batch_shardings(self) -> dict[str, Any] | None:
+        if self.mesh is None:
+            return None
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        names = self.mesh.axis_names
+        dp = self.mesh_axes[0] if self.mesh_axes[0] in names else None
+        tp = self.mesh_axes[1] if self.mesh_axes[1] in names else None
+        kv = self.functions_kv_heads
+        if tp is not None and (self.mesh.shape[tp] == 1 or kv % self.mesh.shape[tp]):
+            tp = None  # a replicated model (tp of 1 or no strategy) keeps the cache's heads whole
+        return {
+            "rows": NamedSharding(self.mesh, P(dp, None)),
+            "batch": NamedSharding(self.mesh, P(dp)),
+            "cache": NamedSharding(self.mesh, P(None, dp, tp, None, None)),
+            "replicated": NamedSharding(self.mesh, P()),
+        }
+
+    @property
+    def functions_kv_heads(self) -> int:
+        kv = getattr(self.module, "kv_cache_heads", None)
+        return self.config.num_key_value_heads if kv is None else int(kv)
 
     # -- loading ---------------------------------------------------------------------------------
     @classmethod
@@ -111,6 +164,8 @@ class CausalLM:
         progress: bool = False,
         quantized_layout: str | None = None,
         policy: Any = None,
+        mesh: Any = None,
+        mesh_axes: tuple[str, str] = ("dp", "tp"),
     ) -> "CausalLM":
         """Loads a GGUF of a registered architecture: weights (packed as in the file), config and tokenizer.
 
@@ -118,15 +173,12 @@ class CausalLM:
             ValueError: an unsupported architecture (naming it and the supported ones), or a file
                 that cannot be read.
         """
-        from maxjax.graph.weights import GGUFWeights
         from maxjax.tokenizer import Tokenizer
 
-        weights = GGUFWeights(path)
-        arch = for_gguf(weights.metadata.get("general.architecture"), str(path))
-        config = arch.config_from_gguf(weights, str(path))
-        module = arch.build(config, dtype)
-        module.load_state_dict(arch.weights_from_gguf(weights, config), override_quantization_encoding=True, weight_alignment=1)
-        return cls(module, config, Tokenizer.from_gguf(weights.reader), dtype, progress, str(path), quantized_layout, policy)
+        arch, config, weights = checkpoint.open_gguf_checkpoint(path, lazy=mesh is not None)  # a mesh: each process reads its shards
+        tokenizer = Tokenizer.from_gguf(weights.reader)  # its checks too, before anything is built
+        module = checkpoint.build(arch, config, arch.weights_from_gguf(weights, config), dtype, quantized=True)
+        return cls(module, config, tokenizer, dtype, progress, str(path), quantized_layout, policy, mesh, mesh_axes)
 
     @classmethod
     def from_pretrained_dir(
@@ -136,28 +188,20 @@ class CausalLM:
         progress: bool = False,
         quantized_layout: str | None = None,
         policy: Any = None,
+        mesh: Any = None,
+        mesh_axes: tuple[str, str] = ("dp", "tp"),
     ) -> "CausalLM":
         """Loads a Hugging Face model directory: ``config.json``, ``*.safetensors``, ``tokenizer.json``.
 
         Raises:
             ValueError: a missing ``config.json``, no safetensors, or an unsupported architecture.
         """
-        from maxjax.graph.weights import load_weights
         from maxjax.tokenizer import Tokenizer
 
-        d = Path(directory)
-        cfg_path = d / "config.json"
-        if not cfg_path.is_file():
-            raise ValueError(f"{d}: no config.json (a Hugging Face model directory needs one)")
-        cfg = json.loads(cfg_path.read_text())
-        arch = for_hf_config(cfg, str(cfg_path))
-        config = arch.config_from_hf(cfg, str(cfg_path))
-        files = sorted(str(p) for p in d.glob("*.safetensors"))
-        if not files:
-            raise ValueError(f"{d}: no *.safetensors files")
-        module = arch.build(config, dtype)
-        module.load_state_dict(arch.weights_from_hf(load_weights(files), config), weight_alignment=1)
-        return cls(module, config, Tokenizer.from_pretrained_dir(d), dtype, progress, str(d), quantized_layout, policy)
+        arch, config, state = checkpoint.open_hf_checkpoint(directory)
+        tokenizer = Tokenizer.from_pretrained_dir(Path(directory))
+        module = checkpoint.build(arch, config, state, dtype, quantized=False)
+        return cls(module, config, tokenizer, dtype, progress, str(directory), quantized_layout, policy, mesh, mesh_axes)
 
     # -- running ---------------------------------------------------------------------------------
     def cache_shapes(self, batch: Any, cache_len: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -188,9 +232,13 @@ class CausalLM:
         do_sample = temperature > 0
         if key is None:
             key = self._default_key
+        if self.mesh is not None:  # host inputs become global arrays (every process passes the same)
+            shard = self._batch_shardings()
+            tokens, positions = _global(tokens, shard["rows"]), _global(positions, shard["rows"])
+            last = _global(last, shard["batch"])
         return self._step(
             self.state, tokens, positions, k_cache, v_cache, last, key,
-            np.float32(max(temperature, 1e-6)), np.int32(top_k), np.float32(top_p), do_sample=do_sample,
+            np.float32(max(temperature, 1e-6)), np.int32(top_k), np.float32(top_p), do_sample,
         )  # fmt: skip
 
     def encode_prompt(self, prompt: str, chat: bool = False) -> list[int]:
@@ -284,6 +332,39 @@ class CausalLM:
         """Yields the text of ``prompt``'s continuation piece by piece (see
         :func:`maxjax.models.generation.stream`); ``self.last_generation`` holds the result after."""
         return generation.stream(self, prompt, max_new_tokens, **kwargs)
+
+
+def _global(x: Any, sharding: Any) -> Any:
+    """A host array as a global ``jax.Array`` of ``sharding`` (each process gives its devices'
+    blocks; in a multi-process run every process holds the same host array)."""
+    if isinstance(x, jax.Array):
+        return x if x.sharding.is_equivalent_to(sharding, x.ndim) else jax.device_put(x, sharding)
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def _prepare_mesh(module: Any, mesh: Any, axes: tuple[str, str]) -> tuple[Any, tuple[str, str]]:
+    """Sets the module's tensor-parallel strategy and places its weights on ``mesh``."""
+    if mesh is None:
+        return None, tuple(axes)  # type: ignore[return-value]
+    from maxjax.graph import ShardingStrategy
+    from maxjax.graph.weight import auto_mesh
+
+    mesh = auto_mesh(mesh)
+    dp, tp = axes
+    names = tuple(mesh.axis_names)
+    unknown = [a for a in names if a not in (dp, tp)]
+    if unknown:
+        raise ValueError(f"mesh axes {unknown} are neither the data-parallel axis {dp!r} nor the tensor-parallel axis {tp!r}")
+    n = int(mesh.shape[tp]) if tp in names else 1
+    if n > 1:
+        if not hasattr(type(module), "sharding_strategy"):
+            raise ValueError(f"{type(module).__name__} has no tensor-parallel strategy: it cannot run over mesh axis {tp!r}")
+        module.sharding_strategy = ShardingStrategy.tensor_parallel(n)
+        module.to(mesh, axis=tp)
+    else:
+        module.to(mesh, axis=tp if tp in names else names[0])  # every weight replicated
+    return mesh, (dp, tp)
 
 
 def _progress_bar(total: int, desc: str) -> Any:

@@ -31,13 +31,15 @@ import jax.numpy as jnp
 __all__ = ["DecoderFunctions", "cache_shapes"]
 
 
-def cache_shapes(config: Any, batch: Any, cache_len: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def cache_shapes(config: Any, batch: Any, cache_len: Any, kv_heads: int | None = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """Shapes of a model's caches: keys ``[n_layers, batch, n_kv_heads, head_dim, cache_len]``
     (transposed, see :mod:`maxjax.nn.attention`) and values ``[n_layers, batch, n_kv_heads,
-    cache_len, head_dim]``; ``batch`` and ``cache_len`` are ints or symbolic dimension names."""
+    cache_len, head_dim]``; ``batch`` and ``cache_len`` are ints or symbolic dimension names;
+    ``kv_heads`` overrides the config's KV head count (a model on a mesh may pad it)."""
     c = config
-    keys = (c.num_hidden_layers, batch, c.num_key_value_heads, c.head_dim, cache_len)
-    values = (c.num_hidden_layers, batch, c.num_key_value_heads, cache_len, c.head_dim)
+    kv = c.num_key_value_heads if kv_heads is None else kv_heads
+    keys = (c.num_hidden_layers, batch, kv, c.head_dim, cache_len)
+    values = (c.num_hidden_layers, batch, kv, cache_len, c.head_dim)
     return keys, values
 
 
@@ -49,21 +51,29 @@ class DecoderFunctions:
             positions, k_cache, v_cache, last_index``).
         config: the model's config (``num_hidden_layers``, ``num_key_value_heads``, ``head_dim``).
         dtype: the cache's ``jnp`` dtype.
+        kv_heads: the cache's KV heads when not the config's (a model on a mesh may pad them).
+        cache_shardings: ``(keys, values)`` ``jax.sharding.Sharding`` objects :meth:`new_cache` places
+            the caches with (None: the default device).
     """
 
-    def __init__(self, program: Any, config: Any, dtype: Any = jnp.float32):
+    def __init__(
+        self, program: Any, config: Any, dtype: Any = jnp.float32, kv_heads: int | None = None, cache_shardings: Any = None
+    ):
         self.program = program
         self.config = config
         self.dtype = jnp.dtype(dtype)
+        self.kv_heads = kv_heads
+        self.cache_shardings = cache_shardings
 
     def cache_shapes(self, batch: Any, cache_len: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         """See :func:`cache_shapes`."""
-        return cache_shapes(self.config, batch, cache_len)
+        return cache_shapes(self.config, batch, cache_len, self.kv_heads)
 
     def new_cache(self, batch: int, cache_len: int) -> tuple[jax.Array, jax.Array]:
-        """Zero key and value caches of :meth:`cache_shapes`."""
+        """Zero key and value caches of :meth:`cache_shapes` (placed with ``cache_shardings``)."""
         keys, values = self.cache_shapes(batch, cache_len)
-        return jnp.zeros(keys, self.dtype), jnp.zeros(values, self.dtype)
+        ks, vs = self.cache_shardings or (None, None)
+        return jnp.zeros(keys, self.dtype, device=ks), jnp.zeros(values, self.dtype, device=vs)
 
     def forward(
         self, state: Any, tokens: Any, positions: Any, k_cache: Any, v_cache: Any, last_index: Any

@@ -13,12 +13,25 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Generation", "PROMPT_BUCKETS", "CACHE_ROUND", "check_request", "run_generation", "stream"]
+__all__ = ["Generation", "NonFiniteLogitsError", "PROMPT_BUCKETS", "CACHE_ROUND", "check_request", "run_generation", "stream"]
 
 PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 CACHE_ROUND = 128
+
+
+class NonFiniteLogitsError(ValueError):
+    """The model computed NaN or infinite logits (weights or metadata with non-finite or
+    out-of-range values): an error rather than tokens chosen from garbage (e.g. a silent EOS)."""
+
+
+@jax.jit
+def _finite_rows(logits: jax.Array) -> jax.Array:
+    """Whether each row's logits are all finite: one reduction on the device, read with the tokens
+    (about 0.1 ms a step on a CPU, overlapped with the next step)."""
+    return jnp.isfinite(logits).all(axis=-1)
 
 
 @dataclass
@@ -88,6 +101,8 @@ def run_generation(
 
     Raises:
         ValueError: the longest prompt plus ``max_new_tokens`` exceeds the model's context.
+        NonFiniteLogitsError: (a ValueError) a row still generating got NaN or infinite logits
+            (checked on the device at every step, before that step's tokens are given out).
     """
     context = lm.config.max_position_embeddings
     longest = max(len(i) for i in ids)
@@ -99,11 +114,12 @@ def run_generation(
     b = len(ids)
     bucket = _bucket(longest, context)
     cache_len = min(context, -(-(bucket + max_new_tokens) // CACHE_ROUND) * CACHE_ROUND)
-    tokens = np.zeros((b, bucket), np.int32)
+    rows = b + (-b % getattr(lm, "batch_multiple", 1))  # a data-parallel mesh runs whole rows per device
+    tokens = np.zeros((rows, bucket), np.int32)
     for r, row in enumerate(ids):
         tokens[r, : len(row)] = row
-    lengths = np.array([len(r) for r in ids], np.int32)
-    k_cache, v_cache = lm.new_cache(b, cache_len)
+    lengths = np.array([len(r) for r in ids] + [1] * (rows - b), np.int32)
+    k_cache, v_cache = lm.new_cache(rows, cache_len)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     do_sample = temperature > 0
     key = sub = jax.random.key(seed)
@@ -119,11 +135,24 @@ def run_generation(
             compile_s += time.perf_counter() - t0
         return out
 
-    nxt, _, k_cache, v_cache = timed(lambda: lm.prefill(tokens, lengths, k_cache, v_cache, sub, **sampling))
+    nxt, logits, k_cache, v_cache = timed(lambda: lm.prefill(tokens, lengths, k_cache, v_cache, sub, **sampling))
+    # the prefill's logits are checked on the host (once: no compile before the first token), each
+    # decode step's on the device (_finite_rows, compiled with the first decode step)
+    finite = np.isfinite(np.asarray(logits)).all(axis=-1)
     eos = lm.tokenizer.eos_token_ids if stop_at_eos else frozenset()
     results = [Generation(p, i) for p, i in zip(prompts, ids)]
     done = np.zeros(b, bool)
     positions = lengths.copy()
+
+    def check_finite(finite: Any, n: int) -> None:  # before new token n of each row is given out
+        ok = np.asarray(finite)
+        bad = [r for r in range(b) if not done[r] and not ok[r]]
+        if bad:
+            source = getattr(lm, "source", "") or "the model"
+            raise NonFiniteLogitsError(
+                f"{source}: the model computed non-finite logits (NaN or infinity) for new token {n} of row {bad[0]}: "
+                "its weights or metadata hold non-finite or out-of-range values"
+            )
 
     def emit(host: np.ndarray) -> None:
         for r in range(b):
@@ -142,14 +171,16 @@ def run_generation(
         sub = key
         if do_sample:
             key, sub = jax.random.split(key)
-        return (*lm.decode_step(tokens, positions, k_cache, v_cache, sub, **sampling), key)
+        nxt, logits, k_cache, v_cache = lm.decode_step(tokens, positions, k_cache, v_cache, sub, **sampling)
+        return nxt, _finite_rows(logits), k_cache, v_cache, key
 
     host = np.asarray(nxt)
     first = time.perf_counter() - start
+    check_finite(finite, 1)
     emit(host)  # the first tokens go out before the first decode step (and its compile)
     prefill_compile_s = compile_s
     if not done.all() and max_new_tokens > 1:
-        nxt, _, k_cache, v_cache, key = timed(lambda: step(nxt, positions, k_cache, v_cache, key))
+        nxt, finite, k_cache, v_cache, key = timed(lambda: step(nxt, positions, k_cache, v_cache, key))
         positions = positions + 1
         for n in range(2, max_new_tokens + 1):
             # The device makes token n + 1 while the host reads token n: the next step is
@@ -157,10 +188,12 @@ def run_generation(
             # row that has just ended computes one token more, which is dropped).
             pending = step(nxt, positions, k_cache, v_cache, key) if n < max_new_tokens else None
             positions = positions + 1
-            emit(np.asarray(nxt))
+            host = np.asarray(nxt)
+            check_finite(finite, n)
+            emit(host)
             if pending is None or done.all():
                 break
-            nxt, _, k_cache, v_cache, key = pending
+            nxt, finite, k_cache, v_cache, key = pending
     total = time.perf_counter() - start
     for r in results:
         r.text = lm.tokenizer.decode(r.token_ids)

@@ -3,13 +3,91 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from maxjax.dtype import DType
 from maxjax.models.causal_lm import CausalLM
 
-__all__ = ["load_model", "resolve_model_path"]
+__all__ = ["MEMORY_ENV", "available_memory", "check_fits_in_memory", "load_model", "resolve_model_path"]
+
+#: Environment variable that overrides the memory :func:`available_memory` reports: a number of
+#: bytes (``K``/``M``/``G``/``T`` suffixes allowed), or ``unlimited`` to turn the check off.
+MEMORY_ENV = "MAXJAX_MEMORY_AVAILABLE"
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def _parse_bytes(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"${MEMORY_ENV} must be a number of bytes (e.g. 8G) or 'unlimited', got {text!r}")
+    return int(float(m.group(1)) * 1024 ** "_KMGT".index((m.group(2) or "_").upper()))
+
+
+def available_memory() -> tuple[int, str] | None:
+    """``(bytes, where that number comes from)`` of the memory a model may take now, or None
+    when unknown or when ``$MAXJAX_MEMORY_AVAILABLE`` is ``unlimited``.
+
+    The smallest of: ``MemAvailable`` in ``/proc/meminfo``, the cgroup's ``memory.max`` less its
+    ``memory.current`` (in a container with a limit), or free physical pages (``os.sysconf``) where
+    ``/proc`` is missing. ``$MAXJAX_MEMORY_AVAILABLE`` (bytes, ``K``/``M``/``G``/``T`` suffixes)
+    replaces them all.
+
+    Raises:
+        ValueError: ``$MAXJAX_MEMORY_AVAILABLE`` is not a size or ``unlimited``.
+    """
+    env = os.environ.get(MEMORY_ENV)
+    if env is not None and env.strip():
+        if env.strip().lower() in ("unlimited", "off", "none"):
+            return None
+        return _parse_bytes(env), f"${MEMORY_ENV}"
+    found: list[tuple[int, str]] = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append((int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo"))
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+            found.append((max(0, int(limit) - used), "the cgroup's memory.max less memory.current"))
+    except (OSError, ValueError):
+        pass
+    if not found:
+        try:
+            found.append((os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free physical memory (sysconf)"))
+        except (OSError, ValueError, AttributeError):  # pragma: no cover - no such sysconf names
+            return None
+    return min(found)
+
+
+def check_fits_in_memory(nbytes: int, source: str, what: str = "the model's tensors") -> None:
+    """Refuses a model whose ``nbytes`` exceed :func:`available_memory`, before it is mapped or read.
+
+    Raises:
+        ValueError: too large (naming ``source`` and both numbers, and how to override).
+    """
+    avail = available_memory()
+    if avail is None:
+        return
+    have, where = avail
+    if nbytes > have:
+        raise ValueError(
+            f"{source}: {what} take {_size(nbytes)} ({nbytes} bytes), more than the {_size(have)} ({have} bytes) of "
+            f"memory available ({where}); set {MEMORY_ENV}=unlimited to load it anyway"
+        )
 
 
 def resolve_model_path(model: str | os.PathLike[str] | None) -> Path:
@@ -45,23 +123,34 @@ def load_model(
     progress: bool = False,
     quantized_layout: str | None = None,
     policy: Any = None,
+    mesh: Any = None,
+    mesh_axes: tuple[str, str] = ("dp", "tp"),
 ) -> CausalLM:
     """Loads a model for generation: a GGUF file, a Hugging Face directory (or repo id in the local
     cache), or with no argument the bundled SmolLM2-135M-Instruct (Q4_1 GGUF).
 
     ``quantized_layout`` is how a GGUF's quantized weights are kept in memory (see
     :class:`CausalLM`; None: the backend policy's choice for the platform), ``policy`` the
-    :class:`~maxjax.backend.BackendPolicy` (None: the default backend's).
+    :class:`~maxjax.backend.BackendPolicy` (None: the default backend's); ``mesh`` a
+    ``jax.sharding.Mesh`` to run tensor parallel over its ``mesh_axes[1]`` axis and data parallel
+    over ``mesh_axes[0]`` (see :class:`CausalLM`).
+
+    Nothing is mapped, built or loaded before the files are known to fit in the memory available
+    (:func:`check_fits_in_memory`) and the checkpoint's metadata is checked against its tensors
+    (see :mod:`maxjax.models.llama.checks`).
 
     Raises:
         FileNotFoundError: no such model.
-        ValueError: an unknown format or an unsupported architecture.
+        ValueError: an unknown format or an unsupported architecture; files larger than the memory
+            available; metadata, a ``config.json`` or tensors that are wrong (one line naming the
+            file and the key or tensor).
     """
     path = resolve_model_path(model)
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))
         if (path / "config.json").exists():
-            return CausalLM.from_pretrained_dir(path, dtype, progress, quantized_layout, policy)
+            _check_size(sorted(path.glob("*.safetensors")), str(path), mesh)
+            return CausalLM.from_pretrained_dir(path, dtype, progress, quantized_layout, policy, mesh, mesh_axes)
         if len(ggufs) == 1:
             path = ggufs[0]
         else:
@@ -71,4 +160,19 @@ def load_model(
     fmt = weights_format([path])
     if fmt is not WeightsFormat.gguf:
         raise ValueError(f"{path}: a {fmt.value} file alone cannot be generated from; pass its model directory")
-    return CausalLM.from_gguf(path, dtype, progress, quantized_layout, policy)
+    _check_size([path], str(path), mesh)
+    return CausalLM.from_gguf(path, dtype, progress, quantized_layout, policy, mesh, mesh_axes)
+
+
+def _check_size(files: list[Path], source: str, mesh: Any) -> None:
+    """The files' size against the memory available, before they are opened (on a mesh each
+    process reads its own shards: its part)."""
+    try:
+        total = sum(os.path.getsize(f) for f in files)
+    except OSError:  # the loader says what is wrong with the file
+        return
+    if mesh is not None:
+        import jax
+
+        total //= max(1, jax.process_count())
+    check_fits_in_memory(total, source, "its files")

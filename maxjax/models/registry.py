@@ -12,10 +12,13 @@ and ``max_position_embeddings`` (the KV cache and context are sized from them).
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
-__all__ = ["Architecture", "register", "architectures", "for_gguf", "for_hf_config", "for_module"]
+__all__ = ["Architecture", "register", "architectures", "for_gguf", "for_hf_config", "for_module", "read_hf_config"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,8 @@ def for_hf_config(cfg: Mapping[str, Any], source: str) -> Architecture:
     Raises:
         ValueError: none is registered for it (naming it and the supported ones).
     """
+    if not isinstance(cfg, Mapping):
+        raise ValueError(f"{source}: must be a JSON object, got a {type(cfg).__name__}")
     names = cfg.get("architectures") or [cfg.get("model_type")]
     if not isinstance(names, list):
         names = [names]
@@ -116,3 +121,24 @@ def for_module(module: Any) -> Architecture:
         if arch.module_class is not None and isinstance(module, arch.module_class):
             return arch
     raise ValueError(f"no registered architecture builds a {type(module).__name__} (registered: {', '.join(architectures())})")
+
+
+def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A Hugging Face ``config.json``: UTF-8 text holding one JSON object.
+
+    Raises:
+        ValueError: unreadable, not UTF-8, not JSON, or not a JSON object (one line naming the file).
+    """
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+        cfg = json.loads(text)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
+    except ValueError as e:  # json.JSONDecodeError
+        raise ValueError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        kind = "null" if cfg is None else f"a {'list' if isinstance(cfg, list) else type(cfg).__name__}"
+        raise ValueError(f"{path}: must be a JSON object, got {kind}")
+    return cfg

@@ -1,6 +1,7 @@
 """``maxjax.nn``: MAX's module system (``Module``, ``LayerList``, hooks) and basic layers."""
 
 from maxjax.nn.attention import AttentionWithRope
+from maxjax.nn.comm import Allreduce, Signals
 from maxjax.nn.embedding import Embedding
 from maxjax.nn.functional import abstract_state, functional_call, state
 from maxjax.nn.layer import HookHandle, Layer, LayerList, LayerV2, LoadStateDictResult, Module, Sequential
@@ -11,7 +12,7 @@ from maxjax.nn.transformer import TransformerBlock
 from maxjax.nn import init  # noqa: E402  (initializers: nn.init.initialize(module, key))
 
 __all__ = [
-    "AttentionWithRope", "RotaryEmbedding", "TransformerBlock",
+    "Allreduce", "AttentionWithRope", "RotaryEmbedding", "Signals", "TransformerBlock",
     "Embedding", "HookHandle", "Layer", "LayerList", "LayerNorm", "LayerV2", "Linear", "LoadStateDictResult",
     "MLP", "Module", "RMSNorm", "Sequential", "abstract_state", "functional_call", "init", "state",
 ]  # fmt: skip

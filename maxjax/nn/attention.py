@@ -28,6 +28,7 @@ import numpy as np
 from maxjax.dtype import DType
 from maxjax.graph import ops
 from maxjax.graph.ops import op_traits
+from maxjax.graph.sharding import Segment, ShardingStrategy, compute_shard_range
 from maxjax.graph.type import DeviceRef
 from maxjax.nn.layer import Module
 from maxjax.nn.linear import Linear
@@ -165,10 +166,80 @@ class AttentionWithRope(Module):
         self.k_proj = Linear(hidden_size, kv_out, dtype, device, has_bias, enc)
         self.v_proj = Linear(hidden_size, kv_out, dtype, device, has_bias, enc)
         self.o_proj = Linear(q_out, hidden_size, dtype, device, False, enc)
+        self._sharding_strategy: ShardingStrategy | None = None
+
+    # -- sharding -------------------------------------------------------------------------------
+    @property
+    def sharding_strategy(self) -> ShardingStrategy | None:
+        """``replicate`` or ``tensor_parallel`` (MAX's attention strategies).
+
+        Tensor parallel splits the heads in whole KV groups: device ``i`` gets KV heads
+        ``compute_shard_range(n_kv_heads, i, n)`` and the query heads that use them (Q, K, V by
+        rows, ``o_proj`` by the same columns), so grouped-query attention stays on each device
+        whatever the counts (MAX splits Q and KV heads independently, which pairs them wrongly
+        when they do not divide evenly). Placed on a mesh, devices with fewer KV groups hold
+        zero heads (see ``Weight.place``); the attention then runs over the padded head count.
+
+        Raises:
+            ValueError: (setting) another strategy.
+        """
+        return self._sharding_strategy
+
+    @sharding_strategy.setter
+    def sharding_strategy(self, strategy: ShardingStrategy) -> None:
+        n = strategy.num_devices
+        if strategy.is_replicate:
+            for proj in (self.q_proj, self.k_proj, self.v_proj, self.o_proj):
+                proj.sharding_strategy = strategy
+        elif strategy.is_tensor_parallel:
+            kv, d, g = self.n_kv_heads, self.head_dim, self.n_heads // self.n_kv_heads
+            group = Segment.head_aware(kv, g * d)  # the query heads of each KV head, as one unit
+            self.q_proj.sharding_strategy = ShardingStrategy.segmented(n, 0, [group])
+            self.k_proj.sharding_strategy = ShardingStrategy.segmented(n, 0, [Segment.head_aware(kv, d)])
+            self.v_proj.sharding_strategy = ShardingStrategy.segmented(n, 0, [Segment.head_aware(kv, d)])
+            self.o_proj.sharding_strategy = ShardingStrategy.segmented(n, 1, [group])
+        else:
+            raise ValueError(f"Unsupported sharding strategy for attention: {strategy}")
+        self._sharding_strategy = strategy
+
+    def shard(self, devices: Sequence[DeviceRef]) -> list["AttentionWithRope"]:
+        """One attention module per device with its heads' projections (MAX's
+        ``AttentionWithRope.shard``); each reads its own KV cache ``[..., its kv heads, ...]`` and
+        its ``o_proj`` outputs partial sums to add up with ``ops.allreduce.sum``.
+
+        Raises:
+            ValueError: no sharding strategy was set.
+        """
+        if self._sharding_strategy is None:
+            raise ValueError("AttentionWithRope cannot be sharded because no sharding strategy was provided.")
+        devices = list(devices)
+        n = len(devices)
+        q, k, v, o = (p.shard(devices) for p in (self.q_proj, self.k_proj, self.v_proj, self.o_proj))
+        g = self.n_heads // self.n_kv_heads
+        shards = []
+        for i, device in enumerate(devices):
+            if self._sharding_strategy.is_replicate:
+                kv_i = self.n_kv_heads
+            else:
+                start, end = compute_shard_range(self.n_kv_heads, i, n)
+                kv_i = end - start
+            sharded = object.__new__(type(self))
+            Module.__init__(sharded)
+            sharded.n_heads, sharded.n_kv_heads, sharded.head_dim = kv_i * g, kv_i, self.head_dim
+            sharded.hidden_size, sharded.rope, sharded.scale = self.hidden_size, self.rope, self.scale
+            sharded.q_proj, sharded.k_proj, sharded.v_proj, sharded.o_proj = q[i], k[i], v[i], o[i]
+            sharded._sharding_strategy = self._sharding_strategy
+            shards.append(sharded)
+        return shards
+
+    def _heads(self, proj: Linear) -> Any:
+        """Heads of a projection's output, from its weight's graph shape (the padded count when
+        the weight is placed on a mesh with uneven groups)."""
+        return proj.weight._aval.shape[0] // self.head_dim
 
     def __call__(self, x: Any, k_cache: Any, v_cache: Any, layer_idx: Any, positions: Any) -> tuple[Any, Any, Any]:
         batch, seq = x.shape[0], x.shape[1]
-        h, kv, d = self.n_heads, self.n_kv_heads, self.head_dim
+        h, kv, d = self._heads(self.q_proj), self._heads(self.k_proj), self.head_dim
         q = ops.reshape(self.q_proj(x), [batch, seq, h, d])
         k = ops.reshape(self.k_proj(x), [batch, seq, kv, d])
         v = ops.reshape(self.v_proj(x), [batch, seq, kv, d])

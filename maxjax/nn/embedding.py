@@ -6,6 +6,7 @@ from typing import Any
 
 from maxjax.dtype import DType
 from maxjax.graph import ops
+from maxjax.graph.sharding import ShardingStrategy
 from maxjax.graph.type import DeviceRef
 from maxjax.graph.weight import Weight
 from maxjax.nn.layer import Module
@@ -38,6 +39,25 @@ class Embedding(Module):
             self.weight = Weight(wname, DType.uint8, shape, self.device, quantization_encoding=quantization_encoding)
         else:
             self.weight = Weight(wname, dtype, (vocab_size, hidden_dim), self.device)
+
+    @property
+    def sharding_strategy(self) -> ShardingStrategy | None:
+        """The table's strategy: ``rowwise`` (split over the vocabulary) or ``replicate``. MAX's
+        ``Embedding`` has none (its ``VocabParallelEmbedding`` splits the vocabulary); maxjax uses
+        it to place the table on a mesh (``Module.to(mesh)``), where XLA does the lookup across
+        devices. There is no per-device ``shard``: a lookup in one slice of the vocabulary needs
+        MAX's ``VocabParallelEmbedding``.
+
+        Raises:
+            ValueError: (setting) another strategy.
+        """
+        return self.weight.sharding_strategy
+
+    @sharding_strategy.setter
+    def sharding_strategy(self, strategy: ShardingStrategy) -> None:
+        if not (strategy.is_rowwise or strategy.is_replicate):
+            raise ValueError(f"Embedding supports the rowwise (vocabulary) and replicate strategies, got {strategy}")
+        self.weight.sharding_strategy = strategy
 
     def __call__(self, indices: Any) -> Any:
         enc = self.weight.quantization_encoding

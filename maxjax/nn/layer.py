@@ -179,13 +179,29 @@ def _init_registry(module: "Module") -> None:
 
 
 def _value_meta(fqn: str, value: Any) -> tuple[Shape, DType, Any]:
-    """Shape, dtype and the NumPy array (if the value is host memory) of a state-dict value."""
+    """Shape, dtype and the NumPy array (if the value is host memory) of a state-dict value.
+
+    Raises:
+        ValueError: the value is not an array maxjax understands, or its dtype has no ``DType``
+            (complex, string, object, datetime, byte-swapped), naming the weight and the dtype.
+    """
+
+    def dtype_of(dtype: Any) -> DType:
+        try:
+            return DType.of(dtype)
+        except (ValueError, TypeError):
+            raise ValueError(
+                f"Value provided to weight '{fqn}' had unsupported dtype (actual={dtype}): maxjax loads bool, "
+                "integer and real floating-point dtypes in native byte order, not complex, string, object or "
+                "datetime values."
+            ) from None
+
     if isinstance(value, WeightData):  # its own shape/dtype; the host array for the alignment check
         return Shape(value.shape), value.dtype, value.data if isinstance(value.data, np.ndarray) else None
     if isinstance(value, np.ndarray):
-        return Shape(value.shape), DType.from_numpy(value.dtype), value
+        return Shape(value.shape), dtype_of(value.dtype), value
     if isinstance(value, (jax.Array, Buffer)):
-        return Shape(value.shape), DType.of(value.dtype), None
+        return Shape(value.shape), dtype_of(value.dtype), None
     if isinstance(value, TensorValue) and value._array is not None:
         return Shape(value.shape), value.dtype, None
     if hasattr(value, "__dlpack__") and hasattr(value, "__dlpack_device__"):
@@ -194,7 +210,7 @@ def _value_meta(fqn: str, value: Any) -> tuple[Shape, DType, Any]:
         except Exception:
             arr = None
         if arr is not None:
-            return Shape(arr.shape), DType.from_numpy(arr.dtype), arr
+            return Shape(arr.shape), dtype_of(arr.dtype), arr
     raise ValueError(
         f"The class type of {fqn!r} value ({type(value)}) is not an array type that we understand. "
         "Please use a numpy array, a jax.Array, a maxjax.driver.Buffer, a WeightData or a DLPack array."
@@ -375,11 +391,50 @@ class Module(Layer):
         Returns:
             ``LoadStateDictResult(missing_keys, unexpected_keys)``.
 
+        A weight declared with symbolic dims (``["batch", 1024]``) takes a value of its rank whose
+        static dims match; the symbolic ones take any size.
+
         Raises:
-            ValueError: a value of the wrong type, shape, dtype or alignment (naming the weight, the
-                expected and the actual), or, with ``strict=True``, missing or unexpected keys
-                (all of them, each missing one with "did you mean").
+            ValueError: ``state_dict`` is not a mapping, or has a key that is not a ``str`` (names
+                it, whatever ``strict`` says); ``weight_alignment`` is not a positive int; a value of
+                the wrong type, shape, dtype (or one maxjax has no ``DType`` for: complex, string,
+                object) or alignment (naming the weight, the expected and the actual; several such
+                problems are reported together, on one line); or, with ``strict=True``, missing or
+                unexpected keys (all of them, each missing one with "did you mean").
         """
+        if not isinstance(state_dict, Mapping):
+            raise ValueError(
+                f"load_state_dict() needs a mapping of weight names to arrays, got a {type(state_dict).__name__}"
+            )
+        bad_keys = [k for k in state_dict if not isinstance(k, str)]
+        if bad_keys:
+            more = f" (and {len(bad_keys) - 1} more)" if len(bad_keys) > 1 else ""
+            raise ValueError(
+                f"load_state_dict() keys must be weight names (str), got {bad_keys[0]!r} of type "
+                f"{type(bad_keys[0]).__name__}{more}"
+            )
+        if weight_alignment is not None and (
+            not isinstance(weight_alignment, int) or isinstance(weight_alignment, bool) or weight_alignment < 1
+        ):
+            raise ValueError(f"load_state_dict() weight_alignment must be a positive int, got {weight_alignment!r}")
+
+        from maxjax.graph.type import StaticDim, SymbolicDim
+
+        def shape_differs(expected: Shape, actual: Shape) -> bool:
+            # rank and every static dim must match; a symbolic dim takes any size (the same one
+            # wherever its name recurs in this weight's shape)
+            if len(expected) != len(actual):
+                return True
+            sizes: dict[str, Any] = {}
+            for e, a in zip(expected, actual):
+                if isinstance(e, StaticDim):
+                    if e != a:
+                        return True
+                elif isinstance(e, SymbolicDim):
+                    if sizes.setdefault(e.name, a) != a:
+                        return True
+            return False
+
         named = self._named_weights()
         fqns = {fqn for fqn, _ in named}
         errors: list[str] = []
@@ -401,7 +456,7 @@ class Module(Layer):
             if override_quantization_encoding and enc is not None:
                 override = (enc, dtype, shape)
             else:
-                bad_shape = shape != w.shape and Shape.is_static(w.shape)
+                bad_shape = shape_differs(w.shape, shape)
                 bad_dtype = dtype != w.dtype
                 exp_s, act_s = _fmt_shape(w.shape, is_wd), _fmt_shape(shape, is_wd)
                 end = "" if is_wd else "."
@@ -433,7 +488,7 @@ class Module(Layer):
                 )
             plan.append((fqn, w, value, override))
         if errors:
-            raise ValueError("\n".join(errors))
+            raise ValueError("; ".join(errors))
         unexpected = [k for k in state_dict if k not in fqns or state_dict[k] is None]
         if strict and (missing or unexpected):
             parts = []
@@ -465,20 +520,77 @@ class Module(Layer):
         self._shared_keys.add(self._weight_attrs[name])
         _STRUCTURE[0] += 1
 
-    def to(self, *devices: Any, sharding_strategy: Any = None) -> None:
-        """Places this module's weights on ``devices[0]``, or with ``sharding_strategy`` sets that
-        strategy on every weight (they can then be ``shard``-ed over ``devices``)."""
+    def to(self, *devices: Any, sharding_strategy: Any = None, axis: str = "tp") -> None:
+        """Places this module's weights.
+
+        - ``to(device)``: every weight on ``device`` (a ``DeviceRef``, ``Device`` or ``jax.Device``).
+        - ``to(*devices, sharding_strategy=s)``: MAX's form: sets ``s`` on every weight (they can
+          then be ``shard``-ed over ``devices``).
+        - ``to(mesh, axis="tp")`` with a ``jax.sharding.Mesh``: every weight on the mesh, split over
+          mesh axis ``axis`` by its sharding strategy (set by the layers' ``sharding_strategy``
+          setters), replicated without one (see ``Weight.place``). All or nothing: when a weight
+          cannot be placed, no weight changes.
+
+        Raises:
+            ValueError: no device given, or (mesh) a weight that cannot be placed (names it).
+        """
+        import jax
+
         from maxjax.graph.type import DeviceRef
 
         if not devices:
             raise ValueError("Module.to needs at least one device")
+        weights = [w for _, w in self._named_weights()]
+        if len(devices) == 1 and isinstance(devices[0], jax.sharding.Mesh):
+            mesh = devices[0]
+            before = [w.mesh for w in weights]
+            try:
+                for w in weights:
+                    w.place(mesh, axis)
+            except ValueError:
+                for w, old in zip(weights, before):
+                    w._mesh = old
+                    w._array_cache = None
+                raise
+            return
         refs = [DeviceRef.from_device(d) for d in devices]
         self.devices = refs  # type: ignore[attr-defined]
-        for _, w in self._named_weights():
+        for w in weights:
             if sharding_strategy is not None:
                 w.sharding_strategy = sharding_strategy
             else:
                 w.device = refs[0]
+
+    def shard(self, devices: Sequence[Any]) -> list["Module"]:
+        """Per-device copies of this module (MAX's per-device style): copy ``i`` holds each
+        sublayer's shard ``i`` (``child.shard(devices)[i]``) and each of its own weights' shard
+        ``i``. Layers with their own rule (``Linear``, ``MLP``, norms, attention) override this.
+
+        Raises:
+            ValueError: a sublayer or weight has no sharding strategy (names it).
+        """
+        devices = list(devices)
+        _init_registry(self)
+        parts: dict[str, list[Any]] = {}
+        for name, child in self._sublayers.items():
+            try:
+                parts[name] = child.shard(devices)
+            except ValueError as e:
+                raise ValueError(f"{type(self).__name__}.{name}: {e}") from None
+        for attr, key in self._weight_attrs.items():
+            if key not in self._shared_keys:
+                parts[attr] = getattr(self, attr).shard(devices)
+        out = []
+        for i in range(len(devices)):
+            copy = object.__new__(type(self))
+            for k, v in self.__dict__.items():
+                if k not in ("_sublayers", "_layer_weights", "_weight_attrs", "_shared_keys", "_cache") and k not in parts:
+                    object.__setattr__(copy, k, v)
+            _init_registry(copy)
+            for name, shards in parts.items():
+                setattr(copy, name, shards[i])
+            out.append(copy)
+        return out
 
     # -- graphs ----------------------------------------------------------------------------
     def build_subgraph(
@@ -637,6 +749,16 @@ class LayerList(Module):
 
     def __iter__(self) -> Iterator[Module]:
         return iter(self.layers)
+
+    def shard(self, devices: Sequence[Any]) -> list["LayerList"]:
+        """Per-device LayerLists of each layer's shard ``i``.
+
+        Raises:
+            ValueError: a layer has no sharding strategy.
+        """
+        devices = list(devices)
+        per_layer = [layer.shard(devices) for layer in self.layers]
+        return [type(self)([shards[i] for shards in per_layer]) for i in range(len(devices))]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Chains the layers: the first gets ``*args, **kwargs``, each next one the previous output."""

@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 from maxjax.dtype import DType
 from maxjax.graph import ops
+from maxjax.graph.sharding import ShardingStrategy
 from maxjax.graph.type import DeviceRef
 from maxjax.graph.weight import Weight
 from maxjax.nn.layer import Module
@@ -76,6 +77,46 @@ class Linear(Module):
         if has_bias:
             self.bias = Weight(f"{prefix}bias", dtype, (out_dim,), self.device)
 
+    # -- sharding (MAX's) -------------------------------------------------------------------------
+    @property
+    def sharding_strategy(self) -> ShardingStrategy | None:
+        """The weight's strategy. Setting it also sets the bias's: the same when the output
+        dimension is split (axis 0), else replicated (MAX's rule)."""
+        return self.weight.sharding_strategy
+
+    @sharding_strategy.setter
+    def sharding_strategy(self, strategy: ShardingStrategy) -> None:
+        self.weight.sharding_strategy = strategy
+        if self.bias is not None:
+            split_out = strategy.sharded_axis == 0
+            self.bias.sharding_strategy = strategy if split_out else ShardingStrategy.replicate(strategy.num_devices)
+
+    def shard(self, devices: Sequence[DeviceRef]) -> list["Linear"]:
+        """One Linear per device holding its shard of the weight (``weight[i]``) and bias (MAX's
+        ``Linear.shard``): when the input dimension is split, only device 0 keeps the bias, so
+        that the partial products add up to one bias after ``ops.allreduce.sum``.
+
+        Raises:
+            ValueError: no sharding strategy was set.
+        """
+        strategy = self.weight.sharding_strategy
+        if not strategy:
+            raise ValueError("Linear layer cannot be sharded because no sharding strategy was provided.")
+        devices = list(devices)
+        weights = self.weight.shard(devices)
+        biases = self.bias.shard(devices) if self.bias is not None else []
+        input_split = strategy.is_colwise or strategy.is_head_aware_colwise or (strategy.is_segmented and strategy.sharded_axis == 1)
+        shards = []
+        for i, (device, w) in enumerate(zip(devices, weights)):
+            sharded = Linear(
+                int(w.shape[1]), int(w.shape[0]), self.dtype, device, self.bias is not None, clip_weight=self.clip_weight,
+                is_sharding=True,
+            )  # fmt: skip
+            sharded.weight = w
+            sharded.bias = None if self.bias is None or (input_split and i > 0) else biases[i]
+            shards.append(sharded)
+        return shards
+
     def __call__(self, x: Any) -> Any:
         enc = self.weight.quantization_encoding
         if enc is not None:
@@ -134,6 +175,48 @@ class MLP(Module):
         self.gate_proj = linear_cls(hidden_dim, feed_forward_length, dtype, device, has_bias, quantization_encoding)
         self.down_proj = linear_cls(feed_forward_length, hidden_dim, dtype, device, has_bias, quantization_encoding)
         self.up_proj = linear_cls(hidden_dim, feed_forward_length, dtype, device, has_bias, quantization_encoding)
+        self._sharding_strategy: ShardingStrategy | None = None
+
+    @property
+    def sharding_strategy(self) -> ShardingStrategy | None:
+        """MAX's MLP strategies: ``replicate`` (every projection replicated) or
+        ``tensor_parallel`` (gate and up split by rows, down by columns: each device computes its
+        slice of the hidden layer, the partial outputs add up)."""
+        return self._sharding_strategy
+
+    @sharding_strategy.setter
+    def sharding_strategy(self, strategy: ShardingStrategy) -> None:
+        n = strategy.num_devices
+        if strategy.is_replicate:
+            for proj in (self.gate_proj, self.down_proj, self.up_proj):
+                proj.sharding_strategy = strategy
+        elif strategy.is_tensor_parallel:
+            self.gate_proj.sharding_strategy = ShardingStrategy.rowwise(n)
+            self.up_proj.sharding_strategy = ShardingStrategy.rowwise(n)
+            self.down_proj.sharding_strategy = ShardingStrategy.columnwise(n)
+        else:
+            raise ValueError(f"Unsupported sharding strategy: {strategy}")
+        self._sharding_strategy = strategy
+
+    def shard(self, devices: Sequence[DeviceRef]) -> list["MLP"]:
+        """One MLP per device with its shards of the three projections (MAX's ``MLP.shard``).
+
+        Raises:
+            ValueError: no sharding strategy was set.
+        """
+        if self._sharding_strategy is None:
+            raise ValueError("Sharding strategy is not set")
+        devices = list(devices)
+        gate, down, up = (p.shard(devices) for p in (self.gate_proj, self.down_proj, self.up_proj))
+        shards = []
+        for i, device in enumerate(devices):
+            sharded = object.__new__(type(self))
+            Module.__init__(sharded)
+            sharded.devices, sharded.activation_function = [device], self.activation_function
+            sharded.gate_proj, sharded.down_proj, sharded.up_proj = gate[i], down[i], up[i]
+            sharded._sharding_strategy = self._sharding_strategy
+            shards.append(sharded)
+        return shards
 
     def __call__(self, x: Any) -> Any:
         act = _ACTIVATIONS[self.activation_function]

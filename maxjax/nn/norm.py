@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 from maxjax.dtype import DType
 from maxjax.graph import ops
+from maxjax.graph.sharding import ShardingStrategy
 from maxjax.graph.type import DeviceRef
 from maxjax.graph.weight import Weight
 from maxjax.nn.layer import Module
@@ -40,6 +41,30 @@ class RMSNorm(Module):
         self.multiply_before_cast = multiply_before_cast
         self.weight = Weight("weight", dtype, (dim,), device or DeviceRef.CPU())
 
+    @property
+    def sharding_strategy(self) -> ShardingStrategy | None:
+        """``replicate`` only, as in MAX."""
+        return self.weight.sharding_strategy
+
+    @sharding_strategy.setter
+    def sharding_strategy(self, strategy: ShardingStrategy) -> None:
+        if not strategy.is_replicate:
+            raise ValueError("RMSNorm only supports replicate strategy")
+        self.weight.sharding_strategy = strategy
+
+    def shard(self, devices: Sequence[DeviceRef]) -> list["RMSNorm"]:
+        """One RMSNorm per device holding ``weight[i]`` (MAX's ``RMSNorm.shard``).
+
+        Raises:
+            ValueError: no sharding strategy was set.
+        """
+        shards = []
+        for device, w in zip(devices, self.weight.shard(devices)):
+            sharded = RMSNorm(self.dim, self.weight.dtype, self.eps, self.weight_offset, self.multiply_before_cast, device)
+            sharded.weight = w
+            shards.append(sharded)
+        return shards
+
     def __call__(self, x: Any) -> Any:
         if x.shape[-1] != self.dim:
             raise ValueError(f"RMSNorm weight dimension ({self.dim}) must match the input's last dimension ({x.shape[-1]})")
@@ -63,6 +88,35 @@ class LayerNorm(Module):
         self.dims, self.eps, self.use_bias = dims, eps, use_bias
         self.weight = Weight("weight", dtype, (dims,), device)
         self.bias = Weight("bias", dtype, (dims,), device) if use_bias else None
+
+    @property
+    def sharding_strategy(self) -> ShardingStrategy | None:
+        """``replicate`` only, as in MAX (weight and bias)."""
+        return self.weight.sharding_strategy
+
+    @sharding_strategy.setter
+    def sharding_strategy(self, strategy: ShardingStrategy) -> None:
+        if not strategy.is_replicate:
+            raise ValueError("LayerNorm only supports replicate strategy")
+        self.weight.sharding_strategy = strategy
+        if self.bias is not None:
+            self.bias.sharding_strategy = strategy
+
+    def shard(self, devices: Sequence[DeviceRef]) -> list["LayerNorm"]:
+        """One LayerNorm per device holding ``weight[i]`` and ``bias[i]`` (MAX's ``LayerNorm.shard``).
+
+        Raises:
+            ValueError: no sharding strategy was set.
+        """
+        devices = list(devices)
+        weights = self.weight.shard(devices)
+        biases = self.bias.shard(devices) if self.bias is not None else [None] * len(devices)
+        shards = []
+        for device, w, b in zip(devices, weights, biases):
+            sharded = LayerNorm(self.dims, [device], self.weight.dtype, self.eps, self.use_bias)
+            sharded.weight, sharded.bias = w, b
+            shards.append(sharded)
+        return shards
 
     def __call__(self, x: Any) -> Any:
         beta = self.bias if self.bias is not None else ops.constant(0.0, self.weight.dtype) * self.weight

@@ -4,6 +4,7 @@ Every op works on symbolic graph values (recording a node), on TensorValues hold
 plain JAX arrays or tracers (returning plain arrays).
 """
 
+from maxjax.graph.ops import allreduce
 from maxjax.graph.ops._core import apply, op_traits
 from maxjax.graph.ops.call import call
 from maxjax.graph.ops.elementwise import (
@@ -16,13 +17,14 @@ from maxjax.graph.ops.reduction import (
     argmax, argmin, argsort, bottom_k, cumsum, max, mean, min, prod, sum, top_k,
 )
 from maxjax.graph.ops.shape import (
+    allgather,
     band_part, broadcast_to, cast, chunk, concat, constant, flatten, gather, gather_nd, identity, outer, pad,
     permute, print, range, rebind, repeat_interleave, reshape, scatter_nd, shape_to_tensor, slice_tensor, split, squeeze,
     stack, tile, transfer_to, transpose, unsqueeze,
 )
 
 __all__ = [
-    "abs", "acos", "add", "apply", "argmax", "argmin", "argsort", "atanh", "band_part", "bottom_k",
+    "abs", "acos", "add", "allgather", "allreduce", "apply", "argmax", "argmin", "argsort", "atanh", "band_part", "bottom_k",
     "broadcast_to", "call", "cast", "ceil", "chunk", "concat", "constant", "cos", "cumsum", "dequantize",
     "div", "equal", "erf", "exp", "flatten", "floor", "floor_div", "gather", "gather_nd", "gelu", "greater",
     "greater_equal", "identity", "is_inf", "is_nan", "layer_norm", "log", "log1p", "logical_and",

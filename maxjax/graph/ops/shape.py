@@ -21,7 +21,7 @@ from maxjax.graph.value import TensorValue
 
 __all__ = [
     "constant", "cast", "reshape", "flatten", "transpose", "permute", "concat", "split", "chunk", "stack",
-    "squeeze", "unsqueeze", "broadcast_to", "gather", "gather_nd", "slice_tensor", "tile", "pad",
+    "allgather", "squeeze", "unsqueeze", "broadcast_to", "gather", "gather_nd", "slice_tensor", "tile", "pad",
     "repeat_interleave", "outer", "band_part", "range", "shape_to_tensor", "transfer_to", "identity",
     "print", "rebind", "scatter_nd",
 ]  # fmt: skip
@@ -116,12 +116,20 @@ def cast(x: Any, dtype: DType) -> Any:
 
 
 def _transfer(x: Any, *, device: Any) -> Any:
+    if isinstance(x, jax.core.Tracer):  # inside a jitted program the placement is XLA's
+        return x
     return jax.device_put(x, device.jax_device())
 
 
 def transfer_to(x: Any, device: Any) -> Any:
-    """``x`` moved to ``device`` (a DeviceRef)."""
-    return apply(_transfer, x, _name="transfer_to", device=DeviceRef.from_device(device))
+    """``x`` moved to ``device`` (a DeviceRef). Eagerly the value moves at once; in a compiled
+    program (graph mode, ``jax.jit``) the transfer is left to XLA's placement of the program, and
+    the value is unchanged."""
+    device = DeviceRef.from_device(device)
+    out = apply(_transfer, x, _name="transfer_to", device=device)
+    if isinstance(out, TensorValue) and out._node is not None:
+        out._node.device = device  # the recorded value lives on the target device
+    return out
 
 
 def _identity(x: Any) -> Any:
@@ -196,6 +204,49 @@ def permute(x: Any, dims: Sequence[int]) -> Any:
 
 def _concat(*xs: Any, axis: int) -> Any:
     return jnp.concatenate(xs, axis=axis)
+
+
+def allgather(inputs: Iterable[Any], signal_buffers: Iterable[Any], axis: int = 0, group_size: int | None = None) -> list[Any]:
+    """Each input replaced by its group's inputs concatenated along ``axis``, on its own device
+    (MAX's ``ops.allgather``; groups are ``group_size`` consecutive inputs, all by default; a group
+    of one gives the inputs back).
+
+    Raises:
+        ValueError: MAX's checks (signal buffers, group size, unique devices), or inputs of
+            another rank, dtype or shape off ``axis`` within a group.
+        IndexError: ``axis`` out of range.
+    """
+    from maxjax.graph.ops.allreduce import as_values, check_devices, check_group, check_signals
+
+    inputs = as_values(inputs)
+    check_signals(inputs, signal_buffers)
+    if not inputs:
+        return inputs
+    num = len(inputs)
+    group_size = check_group("allgather", inputs, group_size)
+    if group_size == 1:
+        return inputs
+    rank, dtype = inputs[0].rank, inputs[0].dtype
+    if not all(x.rank == rank for x in inputs[1:]):
+        raise ValueError(f"allgather operation must have the same rank across all input tensors. Got: inputs={inputs}")
+    if not all(x.dtype == dtype for x in inputs[1:]):
+        raise ValueError(f"allgather operation must have the same dtype across all input tensors. Got: inputs={inputs}")
+    check_devices("allgather", inputs)
+    if not -rank <= axis < rank:
+        raise IndexError(f"Dimension out of range {rank}, axis={axis}")
+    axis %= rank
+    out = []
+    for start in builtins.range(0, num, group_size):
+        group = inputs[start : start + group_size]
+        for i, d in enumerate(group[0].shape):
+            if i != axis and not all(x.shape[i] == d for x in group):
+                raise ValueError(
+                    "allgather operation inputs must have the same shape in all dimensions except the concatenation "
+                    f"dimension within each group. inputs={inputs}"
+                )
+        gathered = concat([transfer_to(x, group[0].device) for x in group], axis=axis)
+        out.extend(transfer_to(gathered, x.device) for x in group)
+    return out
 
 
 def concat(original_vals: Iterable[Any], axis: int = 0) -> Any:

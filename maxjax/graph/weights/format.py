@@ -54,15 +54,20 @@ def _sniff(path: str) -> WeightsFormat:
 def detect_format(path: str | os.PathLike[str]) -> WeightsFormat:
     """The format of one file or directory.
 
+    A path that does not exist is an orbax checkpoint if a save to it was killed while swapping
+    the new checkpoint in (see :func:`~maxjax.graph.weights.orbax.resolve_checkpoint`).
+
     Raises:
         ValueError: the path does not exist (a :class:`WeightsFileError`), or the format is unknown.
     """
+    from maxjax.graph.weights.orbax import is_orbax_checkpoint, resolve_checkpoint
+
     p = os.fspath(path)
     if not os.path.exists(p):
+        if is_orbax_checkpoint(resolve_checkpoint(p)):  # a save was killed while swapping it in
+            return WeightsFormat.orbax
         raise WeightsFileError(p, "no such file or directory")
     if os.path.isdir(p):
-        from maxjax.graph.weights.orbax import is_orbax_checkpoint
-
         if is_orbax_checkpoint(p):
             return WeightsFormat.orbax
         d = Path(p)

@@ -40,6 +40,7 @@ from maxjax.graph.weight import Weight
 from maxjax.graph.graph import did_you_mean
 from maxjax.graph.weights._host import MappedFile, to_device
 from maxjax.graph.weights.errors import WeightsFileError
+from maxjax.graph.weights.lazy import LazyTensor
 from maxjax.graph.weights.protocol import HierarchicalWeights, WeightsStore, check_request, select_prefix
 from maxjax.graph.weights.summary import TensorInfo
 from maxjax.graph.weights.weight_data import WeightData, _wrap_loaded
@@ -181,6 +182,7 @@ def open_gguf(path: str | os.PathLike[str]) -> tuple[gguf.GGUFReader, MappedFile
             return hit
     try:
         reader = _CheckedReader(path, "r")
+        reader.path = path  # the file's name for messages of readers of its metadata (the tokenizer's)
     except OSError as e:
         raise WeightsFileError(path, f"cannot open: {e.strerror or e}") from None
     except Exception as e:
@@ -216,6 +218,7 @@ class GGUFStore(WeightsStore):
         tensors: Iterable[str] | None = None,
         allocated: dict[str, Any] | None = None,
         zero_copy: bool = False,
+        lazy: bool = False,
     ):
         super().__init__(allocated)
         if isinstance(source, gguf.GGUFReader):
@@ -227,6 +230,7 @@ class GGUFStore(WeightsStore):
             self.path = os.fspath(source)
             self.reader, self.mapped = open_gguf(self.path)
         self.zero_copy = zero_copy
+        self.lazy = lazy
         self.tensors = {t.name: t for t in self.reader.tensors}
         if tensors is not None:
             keep = set(tensors)
@@ -287,10 +291,11 @@ class GGUFStore(WeightsStore):
     def load(self, name: str) -> WeightData:
         dtype, np_dtype, shape, enc, logical = self.layout(name)
         t = self.tensors[name]
-        data = to_device(self.mapped, int(t.data_offset), np_dtype, shape, zero_copy=self.zero_copy)
-        return WeightData(
-            _wrap_loaded(data), name, dtype, Shape(shape), enc, Shape(logical) if enc is not None else None
-        )
+        if self.lazy and len(shape) <= 2 and np_dtype.isnative:
+            data = LazyTensor(self.mapped, int(t.data_offset), np_dtype, shape)
+        else:
+            data = _wrap_loaded(to_device(self.mapped, int(t.data_offset), np_dtype, shape, zero_copy=self.zero_copy))
+        return WeightData(data, name, dtype, Shape(shape), enc, Shape(logical) if enc is not None else None)
 
     def make_weight(
         self,
@@ -340,6 +345,9 @@ class GGUFWeights(HierarchicalWeights):
         allocated: the dict that collects allocated data (shared by every view).
         zero_copy: on the CPU, let arrays alias the mapped file instead of copying it (see
             :mod:`maxjax.graph.weights._host`).
+        lazy: ``data()`` gives a :class:`~maxjax.graph.weights.lazy.LazyTensor` (rank 1 and 2)
+            that reads only where it is indexed (a process of a multi-process run reads only the
+            bytes of its own shards).
 
     ``data()`` of a quantized tensor is ``uint8 [rows, bytes_per_row]`` with
     ``quantization_encoding`` and the float ``original_shape``; of other tensors, the array in
@@ -360,8 +368,9 @@ class GGUFWeights(HierarchicalWeights):
         allocated: dict[str, Any] | None = None,
         *,
         zero_copy: bool = False,
+        lazy: bool = False,
     ):
-        super().__init__(GGUFStore(source, tensors=tensors, allocated=allocated, zero_copy=zero_copy), prefix)
+        super().__init__(GGUFStore(source, tensors=tensors, allocated=allocated, zero_copy=zero_copy, lazy=lazy), prefix)
 
     @property
     def metadata(self) -> dict[str, Any]:

@@ -10,10 +10,19 @@ restored Q4_1 weight is again ``WeightData`` with its encoding.
   (``ShapeDtypeStruct``s with shardings, built from the ``raw_state_dict()`` placeholders), so each
   array lands directly on its devices; the result goes straight into ``module.load_state_dict``.
 - :class:`OrbaxWeights` is a checkpoint as a ``Weights`` source (each ``data()`` restores one array).
+
+Saving over a checkpoint is atomic: the new one is written beside the old one and swapped in by
+renames (see :mod:`maxjax.graph.weights._atomic_dir`), so a process killed while saving leaves the
+old checkpoint or the new one, complete, and readers open whichever is the last complete one.
+
+Every array's SHA-256 (of its bytes, C order) is kept in the custom metadata with the encodings and
+checked when the array is restored, so a damaged data file is an error naming the array, never
+different values. (Arrays that span several processes are not hashed: that would gather them.)
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any, Iterable, Mapping
 
@@ -25,14 +34,15 @@ from maxjax.dtype import DType
 from maxjax.graph.graph import did_you_mean
 from maxjax.graph.quantization import QuantizationEncoding
 from maxjax.graph.type import Shape
+from maxjax.graph.weights import _atomic_dir
+from maxjax.graph.weights._orbax_calls import one_line, quiet_reads
+from maxjax.graph.weights._orbax_metadata import META_KEY, STEP_METADATA, TREE_METADATA, read_metadata
 from maxjax.graph.weights.errors import WeightsFileError
 from maxjax.graph.weights.protocol import HierarchicalWeights, WeightsStore
 from maxjax.graph.weights.summary import TensorInfo
 from maxjax.graph.weights.weight_data import WeightData
 
-__all__ = ["save_state", "restore_state", "OrbaxWeights", "is_orbax_checkpoint"]
-
-_META_KEY = "maxjax"
+__all__ = ["save_state", "restore_state", "OrbaxWeights", "is_orbax_checkpoint", "resolve_checkpoint"]
 
 
 def _ocp() -> Any:
@@ -46,8 +56,23 @@ def is_orbax_checkpoint(path: str | os.PathLike[str]) -> bool:
     or ``_METADATA``)."""
     path = os.fspath(path)
     return os.path.isdir(path) and any(
-        os.path.exists(os.path.join(path, marker)) for marker in ("_CHECKPOINT_METADATA", "_METADATA")
+        os.path.exists(os.path.join(path, marker)) for marker in (STEP_METADATA, TREE_METADATA)
     )
+
+
+def resolve_checkpoint(path: str | os.PathLike[str]) -> str:
+    """The directory holding the last complete checkpoint saved at ``path``: ``path`` itself, or,
+    after a save that was killed while swapping the new checkpoint in, the one it left beside
+    ``path``. Reads only."""
+    return _atomic_dir.live_path(os.path.abspath(os.fspath(path)), is_orbax_checkpoint)
+
+
+def _sha256(arr: Any) -> str | None:
+    """SHA-256 of an array's bytes in C order (None for an array this process does not hold whole)."""
+    if not getattr(arr, "is_fully_addressable", True):
+        return None
+    host = np.ascontiguousarray(np.asarray(arr))
+    return hashlib.sha256(host.reshape(-1).view(np.uint8)).hexdigest()
 
 
 def _state_of(state: Any) -> tuple[dict[str, jax.Array], dict[str, Any]]:
@@ -58,7 +83,7 @@ def _state_of(state: Any) -> tuple[dict[str, jax.Array], dict[str, Any]]:
         values = state.state_dict(auto_initialize=False)  # raises ValueError naming an unloaded weight
         arrays = {}
         for fqn, w in state.raw_state_dict().items():
-            arrays[fqn] = to_jax_array(values[fqn], w.sharding)
+            arrays[fqn] = w.storage_array(values[fqn])  # the declared layout, sharded as stored
             enc = w.quantization_encoding
             if enc is not None:
                 _, shape = w.original_dtype_and_shape
@@ -83,7 +108,12 @@ def save_state(directory: str | os.PathLike[str], state: Any, *, overwrite: bool
 
     Arrays are written with their shardings (every process writes its shards); values may be
     ``jax.Array``s, NumPy arrays, Buffers or :class:`WeightData` (quantization encodings are
-    kept in the checkpoint's metadata).
+    kept in the checkpoint's metadata, with each array's SHA-256).
+
+    The checkpoint is written beside ``directory`` and renamed into place when complete; an
+    existing one is replaced only then (atomically: a process killed meanwhile leaves the old
+    checkpoint or the new one, each whole, and ``restore_state`` finds the last complete one).
+    What an earlier, interrupted save left beside ``directory`` is completed or removed first.
 
     Args:
         directory: the checkpoint directory to create (made absolute).
@@ -96,16 +126,34 @@ def save_state(directory: str | os.PathLike[str], state: Any, *, overwrite: bool
     Raises:
         ValueError: a module weight has no value (names it); ``directory`` exists and
             ``overwrite`` is False.
+        TypeError: ``state`` is neither a Module nor a mapping with ``str`` keys.
+        OSError: the checkpoint cannot be written or renamed into place.
     """
     path = os.path.abspath(os.fspath(directory))
-    if os.path.exists(path) and not overwrite:
+    primary = jax.process_index() == 0
+    if primary:
+        _atomic_dir.recover(path, is_orbax_checkpoint)
+    _sync("maxjax_save_state_recovered")
+    if os.path.lexists(path) and not overwrite:
         raise ValueError(f"{path} already exists; pass overwrite=True to replace it")
     arrays, quant = _state_of(state)
+    sums = {k: h for k, a in arrays.items() if (h := _sha256(a)) is not None}
     ocp = _ocp()
-    ckpt = ocp.StandardCheckpointer()
-    ckpt.save(path, arrays, force=overwrite, custom_metadata={_META_KEY: {"quantization": quant}})
-    ckpt.wait_until_finished()
+    with ocp.StandardCheckpointer() as ckpt:
+        ckpt.save(
+            _atomic_dir.staging_path(path), arrays, custom_metadata={META_KEY: {"quantization": quant, "sha256": sums}}
+        )
+        ckpt.wait_until_finished()
+    if primary:
+        _atomic_dir.swap_in(path)
+    _sync("maxjax_save_state_swapped")
     return path
+
+
+def _sync(name: str) -> None:
+    """A barrier across processes (nothing to do in a single process)."""
+    if jax.process_count() > 1:
+        _ocp().multihost.sync_global_processes(name)
 
 
 def _abstract_target(target: Any) -> dict[str, jax.ShapeDtypeStruct] | None:
@@ -133,23 +181,18 @@ class OrbaxStore(WeightsStore):
 
     def __init__(self, directory: str | os.PathLike[str], *, target: Any = None, allocated: dict[str, Any] | None = None):
         super().__init__(allocated)
-        self.path = os.path.abspath(os.fspath(directory))
+        requested = os.path.abspath(os.fspath(directory))
+        self.path = resolve_checkpoint(requested)
         if not os.path.isdir(self.path):
-            raise WeightsFileError(self.path, "no such checkpoint directory")
+            raise WeightsFileError(requested, "no such checkpoint directory")
         if not is_orbax_checkpoint(self.path):
-            raise WeightsFileError(self.path, "not an orbax checkpoint (no _CHECKPOINT_METADATA or _METADATA file)")
-        ocp = _ocp()
-        try:
-            meta = ocp.StandardCheckpointer().metadata(self.path)
-        except Exception as e:
-            raise WeightsFileError(self.path, f"cannot read the orbax checkpoint's metadata: {e}") from None
-        tree = getattr(meta.item_metadata, "tree", meta.item_metadata)
-        if not isinstance(tree, Mapping) or not all(isinstance(k, str) for k in tree):
-            raise WeightsFileError(self.path, "not a flat {name: array} checkpoint (as maxjax's save_state writes)")
-        self.meta: dict[str, Any] = dict(tree)
-        custom = getattr(meta, "custom_metadata", None) or {}
-        self.quant: dict[str, Any] = dict((custom.get(_META_KEY) or {}).get("quantization") or {})
-        self.custom_metadata = {k: v for k, v in custom.items() if k != _META_KEY}
+            raise WeightsFileError(self.path, f"not an orbax checkpoint (no {STEP_METADATA} or {TREE_METADATA} file)")
+        _ocp()
+        info = read_metadata(self.path)
+        self.meta: dict[str, Any] = info.arrays
+        self.quant: dict[str, Any] = info.quantization
+        self.sha256: dict[str, str] = info.sha256
+        self.custom_metadata = info.custom
         self.target = _abstract_target(target)
         if self.target is not None:
             check_target(self.path, self.meta, self.target, partial=True)
@@ -173,9 +216,42 @@ class OrbaxStore(WeightsStore):
     def load(self, name: str) -> WeightData:
         from maxjax.driver import Buffer
 
-        arrays = _restore(self.path, {name: self._abstract(name)}, partial=True)
+        arrays = self.restore({name: self._abstract(name)}, partial=True)
         arr = arrays[name]
         return _weight_data(name, arr, self.quant.get(name), Buffer)
+
+    def restore(self, abstract: dict[str, jax.ShapeDtypeStruct], *, partial: bool) -> dict[str, jax.Array]:
+        """Restores the arrays of ``abstract`` and checks each against its recorded SHA-256.
+
+        Raises:
+            WeightsFileError: orbax/tensorstore cannot read an array (the cause, on one line), or an
+                array's bytes differ from its checksum (names the array).
+        """
+        ocp = _ocp()
+        ckptr = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
+        args = ocp.args.PyTreeRestore(
+            item=abstract,
+            restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+            partial_restore=partial,
+        )
+        try:
+            with quiet_reads():
+                arrays = ckptr.restore(self.path, args=args)
+        except Exception as e:
+            names = ", ".join(sorted(abstract)[:3]) + (", ..." if len(abstract) > 3 else "")
+            raise WeightsFileError(self.path, f"cannot restore {names}: {one_line(e)}") from None
+        finally:
+            ckptr.close()
+        for name in abstract:
+            want = self.sha256.get(name)
+            got = _sha256(arrays[name]) if want is not None else None
+            if got is not None and got != want:
+                raise WeightsFileError(
+                    self.path,
+                    f"array {name!r} does not match its checksum (SHA-256 {got[:16]}..., recorded {want[:16]}...): "
+                    "the checkpoint's data is damaged",
+                )
+        return arrays
 
     def infos(self) -> list[TensorInfo]:
         out = []
@@ -223,29 +299,15 @@ def check_target(path: str, meta: Mapping[str, Any], target: Mapping[str, jax.Sh
         if missing:
             problems.append(f"the target lacks {len(missing)} array(s) of the checkpoint: {missing[:5]}")
     if problems:
-        raise ValueError(f"{path}: cannot restore onto this target:\n  " + "\n  ".join(problems))
-
-
-def _restore(path: str, abstract: dict[str, jax.ShapeDtypeStruct], *, partial: bool) -> dict[str, jax.Array]:
-    ocp = _ocp()
-    ckptr = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
-    args = ocp.args.PyTreeRestore(
-        item=abstract,
-        restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
-        partial_restore=partial,
-    )
-    try:
-        return ckptr.restore(path, args=args)
-    except Exception as e:
-        names = ", ".join(sorted(abstract)[:3]) + (", ..." if len(abstract) > 3 else "")
-        raise WeightsFileError(path, f"cannot restore {names}: {type(e).__name__}: {e}") from None
+        raise ValueError(f"{path}: cannot restore onto this target: " + "; ".join(problems))
 
 
 def restore_state(directory: str | os.PathLike[str], target: Any = None) -> dict[str, jax.Array]:
     """Reads a checkpoint written by :func:`save_state` as ``{fqn: jax.Array}``.
 
     Args:
-        directory: the checkpoint.
+        directory: the checkpoint (after a save killed while swapping a new checkpoint in, the last
+            complete one it left, see :func:`resolve_checkpoint`).
         target: where the arrays go: a ``maxjax.nn.Module`` (its ``abstract_state``: shapes, dtypes
             and each Weight's ``sharding``), or a mapping of ``jax.ShapeDtypeStruct`` (with
             shardings). Must name exactly the checkpoint's arrays. None: every array on the
@@ -257,7 +319,9 @@ def restore_state(directory: str | os.PathLike[str], target: Any = None) -> dict
 
     Raises:
         ValueError: the target's names, shapes or dtypes differ from the checkpoint's (all listed).
-        WeightsFileError: not an orbax checkpoint, or orbax fails to read it.
+        WeightsFileError: not an orbax checkpoint; a damaged metadata file (naming it and the
+            defect); orbax cannot read an array (the cause); an array differs from its recorded
+            SHA-256 (naming the array).
     """
     store = OrbaxStore(directory)
     if target is None:
@@ -270,7 +334,7 @@ def restore_state(directory: str | os.PathLike[str], target: Any = None) -> dict
             k: a if a.sharding is not None else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device0)
             for k, a in abstract.items()
         }
-    return _restore(store.path, abstract, partial=False)
+    return store.restore(abstract, partial=False)
 
 
 class OrbaxWeights(HierarchicalWeights):
@@ -283,10 +347,13 @@ class OrbaxWeights(HierarchicalWeights):
         prefix: the hierarchical name of this view.
         allocated: the dict that collects allocated data (shared by every view).
 
-    ``data()`` restores one array (quantized ones with their encoding and float shape).
+    ``data()`` restores one array (quantized ones with their encoding and float shape) and checks
+    it against its recorded SHA-256, raising a ``WeightsFileError`` naming it when it differs or
+    cannot be read.
 
     Raises:
-        WeightsFileError: not an orbax checkpoint.
+        WeightsFileError: not an orbax checkpoint, or a damaged metadata file (naming it and the
+            defect).
         ValueError: ``target`` disagrees with the checkpoint.
     """
 
@@ -308,7 +375,12 @@ class OrbaxWeights(HierarchicalWeights):
         return self._store.file_metadata()
 
     def restore_all(self, names: Iterable[str] | None = None) -> dict[str, WeightData]:
-        """Every array under this view (or ``names``) in one orbax restore, as ``WeightData``."""
+        """Every array under this view (or ``names``) in one orbax restore, as ``WeightData``.
+
+        Raises:
+            KeyError: a name that is not in the checkpoint.
+            WeightsFileError: orbax cannot read an array, or one differs from its recorded SHA-256.
+        """
         from maxjax.driver import Buffer
 
         store = self._store
@@ -316,5 +388,5 @@ class OrbaxWeights(HierarchicalWeights):
         for n in wanted:
             if n not in store:
                 raise store.missing(n)
-        arrays = _restore(store.path, {n: store._abstract(n) for n in wanted}, partial=True)
+        arrays = store.restore({n: store._abstract(n) for n in wanted}, partial=True)
         return {n: _weight_data(n, arrays[n], store.quant.get(n), Buffer) for n in wanted}

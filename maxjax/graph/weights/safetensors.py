@@ -35,7 +35,7 @@ from maxjax.graph.weights.protocol import HierarchicalWeights, WeightsStore
 from maxjax.graph.weights.summary import TensorInfo
 from maxjax.graph.weights.weight_data import WeightData, _wrap_loaded
 
-__all__ = ["SafetensorWeights", "SAFETENSORS_DTYPES", "expand_safetensors_paths"]
+__all__ = ["SafetensorWeights", "SAFETENSORS_DTYPES", "expand_safetensors_paths", "read_index"]
 
 #: safetensors header dtype codes -> DType (the codes ``safe_open(...).get_slice(n).get_dtype()`` gives).
 SAFETENSORS_DTYPES: dict[str, DType] = {
@@ -164,6 +164,63 @@ def _diagnose(path: str, library_message: str) -> str:
     return library_message
 
 
+def _inside(path: str, root: str) -> bool:
+    return os.path.commonpath([path, root]) == root
+
+
+def read_index(path: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """The ``weight_map`` (tensor name -> shard path) and ``metadata`` of a sharded checkpoint's
+    ``*.safetensors.index.json``.
+
+    A shard must be named by a relative path that stays in the index's directory. Symlinks may
+    lead only into that directory or into the one the index file itself really lives in (the
+    Hugging Face cache links an index and its shards alike into ``blobs/``), so an index cannot
+    make the loader read a file from elsewhere.
+
+    Raises:
+        WeightsFileError: the index is missing, unreadable, not JSON, or has no ``weight_map``
+            object; ``metadata`` is not an object; a ``weight_map`` value is not a file name, is
+            absolute, or leads out of the index's directory (naming the tensor and the path).
+    """
+    try:
+        with open(path, "rb") as f:
+            index = json.loads(f.read())
+    except FileNotFoundError:
+        raise WeightsFileError(path, "no such file") from None
+    except IsADirectoryError:
+        raise WeightsFileError(path, "is a directory, not a safetensors index") from None
+    except OSError as e:
+        raise WeightsFileError(path, f"cannot open: {e.strerror or e}") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise WeightsFileError(path, f"not a safetensors index: not valid JSON ({e})") from None
+    if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
+        found = type(index.get("weight_map") if isinstance(index, dict) else index).__name__
+        raise WeightsFileError(path, f"not a safetensors index (needs a 'weight_map' object, found {found})")
+    meta = index.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        raise WeightsFileError(path, f"the index's 'metadata' is not an object (found {type(meta).__name__})")
+    base = os.path.dirname(os.path.abspath(path))
+    roots = (os.path.realpath(base), os.path.dirname(os.path.realpath(path)))
+    shards: dict[str, str] = {}
+    for name, shard in index["weight_map"].items():
+        if not isinstance(shard, str) or not shard.strip() or "\x00" in shard:
+            raise WeightsFileError(path, f"weight_map gives tensor {name!r} the shard {shard!r}, which is not a file name")
+        if os.path.isabs(shard):
+            raise WeightsFileError(
+                path, f"weight_map gives tensor {name!r} the absolute shard path {shard!r}; shards are named relative to the index"
+            )
+        full = os.path.normpath(os.path.join(base, shard))
+        if not _inside(full, base):
+            raise WeightsFileError(path, f"weight_map gives tensor {name!r} the shard path {shard!r}, which leads out of {base}")
+        real = os.path.realpath(full)
+        if not any(_inside(real, root) for root in roots):
+            raise WeightsFileError(
+                path, f"weight_map gives tensor {name!r} the shard path {shard!r}, a link to {real}, outside {base}"
+            )
+        shards[name] = full
+    return shards, dict(meta or {})
+
+
 def expand_safetensors_paths(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[str], dict[str, str] | None, dict[str, Any]]:
     """Shard files of ``paths`` (files, ``*.safetensors.index.json``, directories).
 
@@ -171,8 +228,8 @@ def expand_safetensors_paths(paths: Iterable[str | os.PathLike[str]]) -> tuple[l
     if it has exactly one, else for its ``*.safetensors`` files.
 
     Raises:
-        WeightsFileError: a missing path, an unreadable index, an index naming missing shards, or a
-            directory without safetensors files.
+        WeightsFileError: a missing path, an unreadable index (see :func:`read_index`), an index
+            naming missing shards, or a directory without safetensors files.
     """
     files: list[str] = []
     weight_map: dict[str, str] | None = None
@@ -190,26 +247,18 @@ def expand_safetensors_paths(paths: Iterable[str | os.PathLike[str]]) -> tuple[l
                 files.extend(shards)
                 continue
         if p.endswith(".json"):
-            try:
-                with open(p) as f:
-                    index = json.load(f)
-                wm = index["weight_map"]
-                if not isinstance(wm, dict):
-                    raise TypeError("weight_map is not an object")
-            except FileNotFoundError:
-                raise WeightsFileError(p, "no such file") from None
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                raise WeightsFileError(p, f"not a safetensors index (needs a 'weight_map' object): {e}") from None
-            base = os.path.dirname(p)
+            shard_map, index_meta = read_index(p)
             weight_map = dict(weight_map or {})
-            for name, shard in wm.items():
-                weight_map[name] = os.path.join(base, shard)
-            for shard in dict.fromkeys(weight_map.values()):
+            weight_map.update(shard_map)
+            for name, shard in shard_map.items():
+                shown = os.path.relpath(shard, os.path.dirname(os.path.abspath(p)))
                 if not os.path.exists(shard):
-                    raise WeightsFileError(p, f"names shard {os.path.basename(shard)!r}, which does not exist")
+                    raise WeightsFileError(p, f"names shard {shown!r} (for tensor {name!r}), which does not exist")
+                if os.path.isdir(shard):
+                    raise WeightsFileError(p, f"names shard {shown!r} (for tensor {name!r}), which is a directory")
                 if shard not in files:
                     files.append(shard)
-            meta.update(index.get("metadata") or {})
+            meta.update(index_meta)
         else:
             files.append(p)
     return files, weight_map, meta

@@ -119,6 +119,10 @@ class WeightData(DLPackArray):
             return np.asarray(data)
         return np.from_dlpack(data) if hasattr(data, "__dlpack__") else np.asarray(data)
 
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        out = self.to_numpy()
+        return out if dtype is None else out.astype(dtype)
+
     def to_jax(self) -> jax.Array:
         """The data as a ``jax.Array`` (no copy for Buffer-backed data).
 

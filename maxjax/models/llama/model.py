@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from maxjax.dtype import DType
-from maxjax.graph import DeviceRef, ops
+from maxjax.graph import DeviceRef, ShardingStrategy, ops
 from maxjax.models.llama.config import LlamaConfig
 from maxjax.nn import MLP, AttentionWithRope, Embedding, LayerList, Linear, Module, RMSNorm, RotaryEmbedding, TransformerBlock
 
@@ -68,6 +68,43 @@ class LlamaForCausalLM(Module):
         if tie_word_embeddings:
             lm_head.set_shared_weight("weight", embed_tokens.weight)
 
+    @property
+    def sharding_strategy(self) -> ShardingStrategy | None:
+        """``tensor_parallel(n)``: every decoder layer tensor parallel (attention heads in whole KV
+        groups, MLP gate/up by rows and down by columns), the token embedding and the output head
+        split over the vocabulary, the final norm replicated; ``replicate(n)``: every weight
+        replicated. Then ``module.to(mesh, axis=...)`` places the weights.
+
+        Raises:
+            ValueError: (setting) another strategy.
+        """
+        return getattr(self, "_sharding_strategy", None)
+
+    @sharding_strategy.setter
+    def sharding_strategy(self, strategy: ShardingStrategy) -> None:
+        n = strategy.num_devices
+        if strategy.is_tensor_parallel:
+            for layer in self.layers:
+                layer.sharding_strategy = strategy
+            self.embed_tokens.sharding_strategy = ShardingStrategy.rowwise(n)
+            self.lm_head.weight.sharding_strategy = ShardingStrategy.rowwise(n)  # the embedding itself when tied
+        elif strategy.is_replicate:
+            for layer in self.layers:
+                layer.sharding_strategy = strategy
+            self.embed_tokens.sharding_strategy = strategy
+            self.lm_head.weight.sharding_strategy = strategy
+        else:
+            raise ValueError(f"Unsupported sharding strategy for LlamaForCausalLM: {strategy}")
+        self.norm.sharding_strategy = ShardingStrategy.replicate(n)
+        self._sharding_strategy = strategy
+
+    @property
+    def kv_cache_heads(self) -> int:
+        """KV heads of the cache: the model's, or on a mesh with KV groups that do not divide
+        evenly, the padded count its attention runs over."""
+        attn = self.layers[0].self_attn
+        return int(attn._heads(attn.k_proj))
+
     def __call__(
         self,
         tokens: Any,
@@ -90,8 +127,7 @@ class LlamaForCausalLM(Module):
             h = ops.cast(h, self.dtype)
         if whole:  # one scratch cache slot shared by every layer; positions 0..seq-1
             batch, seq = tokens.shape[0], tokens.shape[1]
-            attn = self.layers[0].self_attn
-            kv, d = attn.n_kv_heads, attn.head_dim
+            kv, d = self.kv_cache_heads, self.layers[0].self_attn.head_dim
             positions = ops.broadcast_to(ops.unsqueeze(ops.range(0, seq, 1, dtype=DType.int32), 0), [batch, seq])
             zero = ops.constant(0, self.dtype)
             k_cache = ops.broadcast_to(zero, [1, batch, kv, d, seq])

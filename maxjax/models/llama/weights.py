@@ -21,6 +21,7 @@ import numpy as np
 from maxjax.driver import Buffer
 from maxjax.graph.weights import WeightData
 from maxjax.graph.weights.adapters import NameTable, adapt
+from maxjax.graph.weights.lazy import LazyTensor
 
 __all__ = [
     "LLAMA_GGUF_NAMES",
@@ -97,8 +98,11 @@ def unpermute_rows(wd: WeightData, n_head: int, name: str | None = None) -> Weig
     if logical_rows != rows:
         raise ValueError(f"{wd.name!r}: packed rows ({rows}) are not the matrix rows ({logical_rows})")
     index = unpermute_rows_index(rows, n_head)
-    data = jnp.take(wd.to_jax(), jnp.asarray(index, dtype=jnp.int32), axis=0)
-    return WeightData(Buffer(data), name or wd.name, wd.dtype, wd.shape, wd.quantization_encoding, wd.original_shape)
+    if isinstance(wd.data, LazyTensor):  # reorder without reading
+        data = wd.data.take_rows(index)
+    else:
+        data = Buffer(jnp.take(wd.to_jax(), jnp.asarray(index, dtype=jnp.int32), axis=0))
+    return WeightData(data, name or wd.name, wd.dtype, wd.shape, wd.quantization_encoding, wd.original_shape)
 
 
 def _gguf_heads(weights: Any, n_head: int | None, n_kv_head: int | None) -> tuple[int, int]:

@@ -1,0 +1,135 @@
+"""Placing a weight on a mesh shard by shard: each device's block is read, laid out and converted alone.
+
+For a weight with a ``NamedSharding``, :func:`place_sharded` asks the sharding which block of the
+(laid-out) stored array each of this process's devices holds, reads just that block from the
+stored value (a NumPy array, a Buffer, or a :class:`~maxjax.graph.weights.lazy.LazyTensor` that
+reads only the bytes it is asked for), applies the weight's device layout (padding and order of
+its shards, see ``Weight.place``), converts a quantized block to the runtime layout, and puts it on
+its device; ``jax.make_array_from_single_device_arrays`` joins the blocks into one global array.
+In a multi-process run every process does this for its own devices only, so no process reads or
+holds another's shards, and no weight is ever gathered whole onto one device.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maxjax.graph.quantization import to_layout
+from maxjax.graph.sharding import DeviceLayout
+from maxjax.graph.weights.lazy import host_indexable
+
+__all__ = ["place_sharded", "placement_report", "read_block"]
+
+
+def read_block(value: Any, layout: DeviceLayout | None, index: Sequence[slice]) -> np.ndarray:
+    """Block ``index`` (slices over the laid-out stored array) of a stored value: the source
+    rows/columns the layout puts there, zeros where it pads."""
+    src = host_indexable(value)
+    index = tuple(index)
+    if layout is None:
+        return np.asarray(src[index])
+    axis = layout.axis
+    positions = np.arange(len(layout.index))[index[axis]]
+    source = layout.index[positions]
+    selection = list(index)
+    selection[axis] = np.maximum(source, 0)
+    out = np.asarray(src[tuple(selection)])
+    if (source < 0).any():
+        keep = (source >= 0).reshape([-1 if a == axis else 1 for a in range(out.ndim)])
+        out = np.where(keep, out, np.zeros((), out.dtype))
+    return out
+
+
+def _key(index: Sequence[slice]) -> tuple[Any, ...]:
+    return tuple((s.start, s.stop, s.step) for s in index)
+
+
+def place_sharded(
+    values: Sequence[Any],
+    layout: DeviceLayout | None,
+    stored_shape: Sequence[int],
+    target: jax.sharding.NamedSharding,
+    *,
+    stacked: bool,
+    encoding: Any = None,
+    quantized_layout: str | None = None,
+) -> Any:
+    """One weight (or, ``stacked``, one per layer in ``values``) placed with ``target``.
+
+    Args:
+        values: the stored values (one, or one per stacked layer).
+        layout: the weight's stored device layout (on GGUF bytes for a quantized weight), or None.
+        stored_shape: the shape of one laid-out stored value.
+        target: the sharding (with a leading unsharded layer axis when ``stacked``).
+        stacked: ``values`` are layers stacked along a new leading axis.
+        encoding / quantized_layout: for a quantized weight, its encoding and runtime layout.
+
+    Returns:
+        A ``jax.Array``, or a :class:`~maxjax.graph.quantization.QuantizedArray` of them.
+    """
+    global_shape = ((len(values),) if stacked else ()) + tuple(int(d) for d in stored_shape)
+    blocks: dict[tuple[Any, ...], Any] = {}
+    per_device = []
+    for device, index in target.addressable_devices_indices_map(global_shape).items():
+        index = tuple(index) + (slice(None),) * (len(global_shape) - len(tuple(index)))
+        key = _key(index)
+        if key not in blocks:
+            if stacked:
+                layers = range(len(values))[index[0]]
+                block = np.stack([read_block(values[i], layout, index[1:]) for i in layers])
+            else:
+                block = read_block(values[0], layout, index)
+            if encoding is not None:
+                block = to_layout(quantized_layout, encoding, jnp.asarray(block))
+            blocks[key] = block
+        per_device.append((device, blocks[key]))
+    if encoding is None:
+        arrays = [jax.device_put(b, d) for d, b in per_device]
+        return jax.make_array_from_single_device_arrays(global_shape, target, arrays)
+    abstract = jax.eval_shape(lambda p: to_layout(quantized_layout, encoding, p), jax.ShapeDtypeStruct(global_shape, np.uint8))
+    leaves, tree = jax.tree.flatten(abstract)
+    joined = []
+    for i, leaf in enumerate(leaves):
+        arrays = [jax.device_put(jax.tree.leaves(b)[i], d) for d, b in per_device]
+        joined.append(jax.make_array_from_single_device_arrays(leaf.shape, target, arrays))
+    return jax.tree.unflatten(tree, joined)
+
+
+def placement_report(module: Any, quantized_layout: str) -> list[dict[str, Any]]:
+    """How each weight of a module placed on a mesh (``module.to(mesh)``) sits on its devices, from
+    shapes alone (nothing is read): ``{"name", "shape" (declared), "runtime_shape", "spec" (the
+    ``PartitionSpec``), "layout" (a quantized weight's runtime layout, else its dtype),
+    "bytes_per_device", "bytes"}`` per weight.
+
+    Args:
+        module: a module whose weights are placed on a mesh.
+        quantized_layout: the runtime layout of GGUF-quantized weights (``"nibbles"``, ...).
+    """
+    rows = []
+    for fqn, w in module.raw_state_dict().items():
+        sharding = w.sharding
+        shape = tuple(int(d) for d in w.stored_shape)
+        if w._is_gguf_quantized():
+            value = jax.eval_shape(lambda p: to_layout(quantized_layout, w.quantization_encoding, p), jax.ShapeDtypeStruct(shape, np.uint8))
+            layout, runtime = value.layout, tuple(value.shape)
+        else:
+            value = jax.ShapeDtypeStruct(shape, w.dtype.to_jax())
+            layout, runtime = w.dtype.name, shape
+        total = per_device = 0
+        for leaf in jax.tree.leaves(value):
+            nbytes = int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+            total += nbytes
+            parts = 1
+            if isinstance(sharding, jax.sharding.NamedSharding):
+                for axes in sharding.spec:
+                    for name in axes if isinstance(axes, tuple) else (axes,) if axes else ():
+                        parts *= sharding.mesh.shape[name]
+            per_device += nbytes // parts
+        spec = sharding.spec if isinstance(sharding, jax.sharding.NamedSharding) else None
+        rows.append({"name": fqn, "shape": [int(d) for d in w.shape], "runtime_shape": list(runtime), "spec": spec,
+                     "layout": layout, "bytes_per_device": per_device, "bytes": total})  # fmt: skip
+    return rows

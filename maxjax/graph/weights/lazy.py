@@ -1,0 +1,118 @@
+"""``LazyTensor``: a tensor of a memory-mapped file that is read only where it is indexed.
+
+A multi-process run places each weight's shards from the file on the devices of the process
+that owns them (``maxjax.engine.placement``): indexing a ``LazyTensor`` copies out of the map only
+the rows and columns it selects, so a process reads the bytes of its own shards and no others.
+Every copy is counted per file (:func:`bytes_read`), which is how tests and the sharding
+benchmark check it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from maxjax.graph.weights._host import MappedFile
+
+__all__ = ["LazyTensor", "bytes_read", "host_indexable", "reset_bytes_read"]
+
+_READ: dict[str, int] = {}
+_LOCK = threading.Lock()
+
+
+def bytes_read(path: str | None = None) -> int:
+    """Bytes this process has copied out of ``path`` (every file when None) through LazyTensors."""
+    with _LOCK:
+        return sum(_READ.values()) if path is None else _READ.get(path, 0)
+
+
+def reset_bytes_read() -> None:
+    """Sets the counters of :func:`bytes_read` to zero."""
+    with _LOCK:
+        _READ.clear()
+
+
+class LazyTensor:
+    """A rank-1 or rank-2 tensor at ``offset`` of a mapped file (row-major), read when indexed.
+
+    ``tensor[rows, cols]`` (rows: an int, slice or integer array; cols: an int or slice) copies
+    just those elements; ``np.asarray(tensor)`` copies all of it. :meth:`take_rows` reorders rows
+    without reading anything.
+
+    Args:
+        mapped: the file's map.
+        offset: the tensor's first byte in the file.
+        dtype: the stored NumPy dtype.
+        shape: the stored shape (rank 1 or 2).
+        rows: a row order over the stored rows (None: as stored).
+    """
+
+    __slots__ = ("mapped", "offset", "dtype", "_stored_shape", "rows")
+
+    def __init__(self, mapped: MappedFile, offset: int, dtype: Any, shape: tuple[int, ...], rows: np.ndarray | None = None):
+        if len(shape) not in (1, 2):
+            raise ValueError(f"LazyTensor reads rank-1 and rank-2 tensors, got shape {shape}")
+        self.mapped, self.offset, self.dtype = mapped, int(offset), np.dtype(dtype)
+        self._stored_shape = tuple(int(d) for d in shape)
+        self.rows = None if rows is None else np.asarray(rows, np.int64)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        n = self._stored_shape[0] if self.rows is None else len(self.rows)
+        return (n, *self._stored_shape[1:])
+
+    @property
+    def ndim(self) -> int:
+        return len(self._stored_shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+    def take_rows(self, index: Any) -> "LazyTensor":
+        """The tensor with its rows in the order ``index`` (nothing is read)."""
+        index = np.asarray(index, np.int64)
+        rows = index if self.rows is None else self.rows[index]
+        return LazyTensor(self.mapped, self.offset, self.dtype, self._stored_shape, rows)
+
+    def _stored(self) -> np.ndarray:
+        n = int(np.prod(self._stored_shape)) * self.dtype.itemsize
+        return self.mapped.view(self.offset, n).view(self.dtype).reshape(self._stored_shape)
+
+    def __getitem__(self, idx: Any) -> np.ndarray:
+        if not isinstance(idx, tuple):
+            idx = (idx,)
+        rows, rest = idx[0], idx[1:]
+        if self.rows is not None:
+            rows = self.rows[rows]
+        out = np.array(self._stored()[(rows, *rest)])  # copies only what is selected
+        with _LOCK:
+            _READ[self.mapped.path] = _READ.get(self.mapped.path, 0) + out.nbytes
+        return out
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        out = self[:]
+        return out if dtype is None else out.astype(dtype)
+
+    def to_numpy(self) -> np.ndarray:
+        """The whole tensor (read now)."""
+        return self[:]
+
+    def __repr__(self) -> str:
+        return f"LazyTensor({self.dtype}, {list(self.shape)}, {self.mapped.path}@{self.offset})"
+
+
+def host_indexable(value: Any) -> Any:
+    """A host array of a stored value that can be indexed without reading the rest: a
+    ``WeightData``'s data, a LazyTensor or NumPy array as they are, anything else as a NumPy copy."""
+    from maxjax.driver import to_host_array
+    from maxjax.graph.weights.weight_data import WeightData
+
+    if isinstance(value, (np.ndarray, LazyTensor)):
+        return value
+    data = value.data if isinstance(value, WeightData) else value
+    if isinstance(data, (np.ndarray, LazyTensor)):
+        return data
+    return to_host_array(data)

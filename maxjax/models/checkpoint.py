@@ -1,0 +1,82 @@
+"""A model module from a checkpoint: a GGUF file or a Hugging Face directory, by its architecture.
+
+The one place a checkpoint becomes a module with its weights loaded: ``CausalLM.from_gguf`` and
+``from_pretrained_dir`` run generation on it, ``maxjax inspect --mesh`` shows how it would sit on a
+mesh. Opening a checkpoint checks everything (metadata, config, tensors against the config) before
+any module is built.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from maxjax.dtype import DType
+from maxjax.models.registry import Architecture, for_gguf, for_hf_config, read_hf_config
+
+__all__ = ["module_from_gguf", "module_from_pretrained_dir", "open_gguf_checkpoint", "open_hf_checkpoint"]
+
+
+def open_gguf_checkpoint(path: str | os.PathLike[str], *, lazy: bool = False) -> tuple[Architecture, Any, Any]:
+    """``(architecture, config, weights)`` of a GGUF of a registered architecture, its metadata
+    checked against its tensors.
+
+    Args:
+        lazy: the weights read only where indexed (:class:`~maxjax.graph.weights.lazy.LazyTensor`):
+            on a mesh each process then reads its own shards.
+
+    Raises:
+        ValueError: an unsupported architecture (naming it and the supported ones), a file that
+            cannot be read, or metadata that disagrees with the tensors (naming the key or tensor).
+    """
+    from maxjax.graph.weights import GGUFWeights
+
+    weights = GGUFWeights(path, lazy=lazy)
+    arch = for_gguf(weights.metadata.get("general.architecture"), str(path))
+    config = arch.config_from_gguf(weights, str(path))  # checks the metadata against the tensors
+    return arch, config, weights
+
+
+def open_hf_checkpoint(directory: str | os.PathLike[str]) -> tuple[Architecture, Any, dict[str, Any]]:
+    """``(architecture, config, state)`` of a Hugging Face model directory (``config.json``,
+    ``*.safetensors``), the tensors checked against the config.
+
+    Raises:
+        ValueError: a missing or bad ``config.json``, no safetensors, an unsupported architecture,
+            or tensors that disagree with the config.
+    """
+    from maxjax.graph.weights import load_weights
+
+    d = Path(directory)
+    cfg_path = d / "config.json"
+    if not cfg_path.is_file():
+        raise ValueError(f"{d}: no config.json (a Hugging Face model directory needs one)")
+    cfg = read_hf_config(cfg_path)
+    arch = for_hf_config(cfg, str(cfg_path))
+    config = arch.config_from_hf(cfg, str(cfg_path))
+    files = sorted(str(p) for p in d.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{d}: no *.safetensors files")
+    return arch, config, arch.weights_from_hf(load_weights(files), config)  # checks the tensors against the config
+
+
+def build(arch: Architecture, config: Any, state: dict[str, Any], dtype: DType = DType.float32, *, quantized: bool) -> Any:
+    """The architecture's module for ``config`` with ``state`` loaded (quantized GGUF weights take
+    their values' packed dtype, shape and encoding)."""
+    module = arch.build(config, dtype)
+    module.load_state_dict(state, override_quantization_encoding=quantized, weight_alignment=1)
+    return module
+
+
+def module_from_gguf(path: str | os.PathLike[str], dtype: DType = DType.float32, *, lazy: bool = False) -> tuple[Any, Any, Any]:
+    """``(module, config, weights)``: :func:`open_gguf_checkpoint` and the module built with its
+    weights (quantized ones packed, as in the file)."""
+    arch, config, weights = open_gguf_checkpoint(path, lazy=lazy)
+    return build(arch, config, arch.weights_from_gguf(weights, config), dtype, quantized=True), config, weights
+
+
+def module_from_pretrained_dir(directory: str | os.PathLike[str], dtype: DType = DType.float32) -> tuple[Any, Any]:
+    """``(module, config)``: :func:`open_hf_checkpoint` and the module built with its weights."""
+    arch, config, state = open_hf_checkpoint(directory)
+    return build(arch, config, state, dtype, quantized=False), config

@@ -1,0 +1,53 @@
+"""``Signals`` and ``Allreduce``: MAX's communication helpers for per-device programs.
+
+MAX's GPU allreduce kernels synchronise through signal buffers, one per device, passed to the
+graph as inputs. JAX needs none: maxjax's ``Signals`` gives the same graph inputs and buffers (a
+few bytes each) so a MAX program runs unchanged, and the collectives check their count as MAX
+does. Unlike MAX's, it accepts CPU devices (a per-device program then runs on host devices).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from maxjax.driver import Buffer
+from maxjax.dtype import DType
+from maxjax.graph import ops
+from maxjax.graph.type import DeviceRef, TensorType
+from maxjax.nn.layer import Module
+
+__all__ = ["Allreduce", "Signals"]
+
+
+class Signals:
+    """Signal buffers of a per-device program (MAX's ``max.nn.Signals``).
+
+    Args:
+        devices: the devices the program runs on (``DeviceRef`` objects or devices).
+    """
+
+    #: bytes of one signal buffer (MAX's hold its allreduce scratch space; maxjax's hold nothing)
+    NUM_BYTES = 16
+
+    def __init__(self, devices: Iterable[Any]) -> None:
+        self.devices: list[DeviceRef] = [DeviceRef.from_device(d) for d in devices]
+
+    def input_types(self) -> list[TensorType]:
+        """One uint8 ``[NUM_BYTES]`` graph input per device."""
+        return [TensorType(DType.uint8, [self.NUM_BYTES], d) for d in self.devices]
+
+    def buffers(self) -> list[Buffer]:
+        """The buffers to pass for :meth:`input_types`, zero-filled, one on each device."""
+        return [Buffer(DType.uint8, [self.NUM_BYTES], d.to_device()) for d in self.devices]
+
+
+class Allreduce(Module):
+    """Sums per-device values across devices (MAX's ``max.nn.Allreduce``): ``__call__(inputs,
+    signal_buffers)`` is :func:`maxjax.graph.ops.allreduce.sum`."""
+
+    def __init__(self, num_accelerators: int) -> None:
+        super().__init__()
+        self.num_accelerators = num_accelerators
+
+    def __call__(self, inputs: Sequence[Any], signal_buffers: Sequence[Any]) -> list[Any]:
+        return ops.allreduce.sum(inputs, signal_buffers)
