@@ -17,7 +17,6 @@ import sys
 import time
 
 from maxjax.cli.devices import add_mesh_arguments, mesh_from_arguments
-from maxjax.cli.errors import CLIError
 from maxjax.dtype import DType
 
 __all__ = ["configure", "run"]
@@ -97,11 +96,6 @@ def run(args: argparse.Namespace) -> int:
 
         say(f"compilation cache in {enable_compilation_cache(args.compilation_cache or None)}")
     mesh = mesh_from_arguments(args)
-    if mesh is not None and mesh.shape.get("dp", 1) > 1:
-        raise CLIError(
-            f"--mesh {args.mesh}: maxjax serve runs tensor parallel only (dp=1): its rows join and leave one at a "
-            "time, so they cannot be split over data-parallel devices"
-        )
     t0 = time.perf_counter()
     lm = load_model(
         args.model,

@@ -93,7 +93,8 @@ class Engine:
 
     Args:
         lm: the model.
-        max_batch: most requests decoded together (the KV cache's rows).
+        max_batch: most requests decoded together (the KV cache's rows; on a mesh with a data-parallel
+            axis, rounded up to a multiple of its size: the rows are split over it).
         max_queue: most requests waiting for a row; :meth:`submit` raises :class:`QueueFull` beyond.
         max_context: most positions of a request (prompt plus new tokens); None: the model's context
             or 2048, whichever is smaller. The KV cache never holds more than ``max_batch`` rows of
@@ -136,7 +137,7 @@ class Engine:
         if not request_timeout > 0:
             raise ValueError(f"request_timeout must be > 0 seconds, got {request_timeout!r}")
         self.lm = lm
-        self.buckets = buckets or Buckets.default(max_batch, max_context)
+        self.buckets = buckets or Buckets.default(max_batch, max_context, lm.batch_multiple)
         self.max_batch, self.context = self.buckets.max_batch, self.buckets.context
         self.max_queue = max_queue
         self.request_timeout = float(request_timeout)

@@ -94,11 +94,14 @@ class Buckets:
             raise ValueError(f"the largest prompt bucket ({self.prompt[-1]}) must be the context ({self.cache[-1]})")
 
     @classmethod
-    def default(cls, max_batch: int, context: int) -> "Buckets":
-        """Powers of two rows up to ``max_batch``; cache lengths 256, 512, ... up to ``context``;
-        prompt lengths 16, 32, ... up to ``context``."""
-        if max_batch < 1 or context < 2:
-            raise ValueError(f"need max_batch >= 1 and context >= 2, got {max_batch} and {context}")
+    def default(cls, max_batch: int, context: int, rows_multiple: int = 1) -> "Buckets":
+        """Rows ``rows_multiple`` times powers of two up to ``max_batch`` (rounded up to a multiple of
+        ``rows_multiple``, the data-parallel axis's size); cache lengths 256, 512, ... up to
+        ``context``; prompt lengths 16, 32, ... up to ``context``."""
+        if max_batch < 1 or context < 2 or rows_multiple < 1:
+            raise ValueError(
+                f"need max_batch >= 1, context >= 2 and rows_multiple >= 1, got {max_batch}, {context} and {rows_multiple}"
+            )
 
         def upto(start: int, limit: int) -> tuple[int, ...]:
             out, b = [], start
@@ -108,7 +111,8 @@ class Buckets:
             return (*out, limit)
 
         prompts = tuple(b for b in PROMPT_BUCKETS if b < context) + (context,)
-        return cls(upto(1, max_batch), upto(256, context) if context > 256 else (context,), prompts)
+        rows = -(-max_batch // rows_multiple) * rows_multiple
+        return cls(upto(rows_multiple, rows), upto(256, context) if context > 256 else (context,), prompts)
 
     @property
     def max_batch(self) -> int:
@@ -190,8 +194,17 @@ class Steps:
             from jax.sharding import NamedSharding, PartitionSpec as P
 
             self.sharding = NamedSharding(lm.mesh, P())
-            cache = lm.functions.cache_shardings[0].spec  # [layers, batch, kv heads, ...]: the rows are not split
-            self.cache_sharding = NamedSharding(lm.mesh, P(None, None, *tuple(cache)[2:]))
+            cache = tuple(lm.functions.cache_shardings[0].spec)  # [layers, batch (dp), kv heads (tp), ...]
+            cache = cache + (None,) * (5 - len(cache))
+            self.cache_sharding = NamedSharding(lm.mesh, P(None, *cache[1:]))
+            #: where a one-row cache (a prefilled prompt) lives: its row is not split over ``dp``
+            self.row_sharding = NamedSharding(lm.mesh, P(None, None, *cache[2:]))
+        if lm.mesh is None:
+            self.row_sharding = self.cache_sharding
+        if any(b % lm.batch_multiple for b in buckets.batch):
+            raise ValueError(
+                f"batch buckets {buckets.batch} must be multiples of the data-parallel axis's size {lm.batch_multiple}"
+            )
 
         def counted(f: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -240,10 +253,11 @@ class Steps:
         # every output committed where the next program expects it: tokens with self.sharding, caches
         # with self.cache_sharding (one device, or a mesh)
         on, caches = self.sharding, (self.cache_sharding, self.cache_sharding)
+        row = (self.row_sharding, self.row_sharding)
         jit = lambda f, **kw: jax.jit(counted(f), compiler_options=options, **kw)  # noqa: E731
-        self._prefill = jit(prefill, out_shardings=(on, *caches))
+        self._prefill = jit(prefill, out_shardings=(on, *row))
         self._decode = jit(decode, donate_argnums=(3, 4), out_shardings=(on, *caches))
-        self._place = jit(place, static_argnames=("cache_len",), out_shardings=caches)
+        self._place = jit(place, static_argnames=("cache_len",), out_shardings=row)
         self._insert = jit(insert, donate_argnums=(0, 1), out_shardings=caches)
         self._move = jit(move, donate_argnums=(0, 1), out_shardings=caches)
         self._resize = jit(resize, static_argnames=("rows", "cache_len"), out_shardings=caches)
@@ -300,9 +314,10 @@ class Steps:
         S = jax.ShapeDtypeStruct
         i32, f32, u32, dt = jnp.int32, jnp.float32, jnp.uint32, fns.dtype
 
-        def caches(rows, cache_len):  # committed with the caches' sharding, as every cache is
+        def caches(rows, cache_len, one_row=False):  # committed with the caches' sharding, as every cache is
             kt, vt = fns.cache_shapes(rows, cache_len)
-            return S(kt, dt, sharding=self.cache_sharding), S(vt, dt, sharding=self.cache_sharding)
+            sh = self.row_sharding if one_row else self.cache_sharding
+            return S(kt, dt, sharding=sh), S(vt, dt, sharding=sh)
 
         out: list[tuple[str, Callable[[], Any]]] = []
         for p in b.prompt:
@@ -315,7 +330,7 @@ class Steps:
                     state, S((rows,), i32, sharding=on), *r1, *caches(rows, c), S((rows, 2), u32), *r1, S((rows,), f32), *r1,
                     S((rows,), f32))))  # fmt: skip
                 out.append((f"insert[{rows}x{c}]", lambda rows=rows, c=c: self._insert.lower(
-                    *caches(rows, c), *caches(1, c), S((), i32))))  # fmt: skip
+                    *caches(rows, c), *caches(1, c, one_row=True), S((), i32))))  # fmt: skip
                 out.append((f"fresh[{rows}x{c}]", lambda rows=rows, c=c: self._fresh.lower(rows=rows, cache_len=c)))
                 if rows > 1:
                     out.append((f"move[{rows}x{c}]", lambda rows=rows, c=c: self._move.lower(*caches(rows, c), S((), i32), S((), i32))))
@@ -325,7 +340,7 @@ class Steps:
         for c in b.cache:
             for p in b.prompt:
                 if p < c:
-                    out.append((f"place[{p}->{c}]", lambda p=p, c=c: self._place.lower(*caches(1, p), cache_len=c)))
+                    out.append((f"place[{p}->{c}]", lambda p=p, c=c: self._place.lower(*caches(1, p, one_row=True), cache_len=c)))
         return out
 
     def warmup(self, progress: Callable[[str, int, int], None] | None = None, only: Iterable[str] | None = None) -> float:
