@@ -486,6 +486,8 @@ class Engine:
                     finish = "stop"
                 else:
                     text += r.stops.flush()
+                    if r.stops.stopped:  # a stop string completed before held-back text was decided
+                        finish = "stop"
         req.text += text
         if finish is None:
             req._emit(Event(text, [token]))

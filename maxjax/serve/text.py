@@ -38,29 +38,48 @@ class StopStrings:
                     break
         return best
 
+    def _pending(self, before: int) -> int | None:
+        """The first position ``p < before`` from which the text is a proper prefix of a stop string
+        (a stop string there would end the text earlier than a hit at ``before``), or None."""
+        for p in range(max(self._shown, len(self._text) - max(len(s) for s in self.stop) + 1), before):
+            tail = self._text[p:]
+            if any(len(tail) < len(s) and s.startswith(tail) for s in self.stop):
+                return p
+        return None
+
+    def _first_hit(self) -> int | None:
+        hits = [i for i in (self._text.find(s, self._shown) for s in self.stop) if i >= 0]
+        return min(hits) if hits else None
+
     def add(self, piece: str) -> tuple[str, bool]:
         if self.stopped:
             raise RuntimeError("a stop string has already ended this text")
         if not piece:
             return "", False
-        start = max(0, len(self._text) - max((len(s) for s in self.stop), default=0) + 1)
         self._text += piece
         if not self.stop:
             out, self._shown = self._text[self._shown :], len(self._text)
             return out, False
-        hits = [i for i in (self._text.find(s, start) for s in self.stop) if i >= 0]
-        if hits:
-            end = min(hits)
-            out = self._text[self._shown : end] if end > self._shown else ""
-            self._text, self._shown, self.stopped = self._text[:end], end, True
-            return out, True
-        end = len(self._text) - self._held()
+        end = self._first_hit()
+        if end is not None:
+            pending = self._pending(end)
+            if pending is None:  # no longer stop string can still start before this one
+                out = self._text[self._shown : end]
+                self._text, self._shown, self.stopped = self._text[:end], end, True
+                return out, True
+            end = pending
+        else:
+            end = len(self._text) - self._held()
         out = self._text[self._shown : end] if end > self._shown else ""
         self._shown = max(self._shown, end)
         return out, False
 
     def flush(self) -> str:
-        """The held-back text (no stop string followed it)."""
+        """The held-back text, at the end of generation: up to the first stop string in it (then
+        :attr:`stopped` is set), or all of it."""
+        end = self._first_hit() if self.stop and not self.stopped else None
+        if end is not None:
+            self._text, self.stopped = self._text[:end], True
         out, self._shown = self._text[self._shown :], len(self._text)
         return out
 
