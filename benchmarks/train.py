@@ -108,6 +108,24 @@ def timed_steps(step, batches: list, warmup: int) -> dict:
 
 
 # -- maxjax workers ------------------------------------------------------------------------------
+def run_trainer(trainer, batches: list, warmup: int) -> tuple[dict, object]:
+    """A maxjax Trainer from ``init`` through its compile and :func:`timed_steps` over ``batches``:
+    (the figures with compile time, compile count and peak RSS, the last state)."""
+    import numpy as np
+
+    state = trainer.init()
+    batches = [np.asarray(b, np.int32) for b in batches]
+    compile_s = trainer.compile(state, batches[0])
+    box = [state]
+
+    def step(b):
+        box[0], m = trainer.step(box[0], b)
+        return float(m["loss"])
+
+    out = timed_steps(step, batches, warmup)
+    return {**out, "compile_s": compile_s, "num_compiles": trainer.num_compiles, "peak_rss_mb": peak_rss_mb()}, box[0]
+
+
 def worker_maxjax_scratch(req: dict) -> dict:
     import jax
     import numpy as np
@@ -119,17 +137,8 @@ def worker_maxjax_scratch(req: dict) -> dict:
     model = build_llama(LlamaConfig(**SCRATCH))
     nn.init.initialize(model, jax.random.key(0))
     trainer = train.Trainer(model, optax.adamw(req["lr"]))
-    state = trainer.init()
-    batches = [np.asarray(b, np.int32) for b in req["scratch_batches"]]
-    compile_s = trainer.compile(state, batches[0])
-    box = [state]
-
-    def step(b):
-        box[0], m = trainer.step(box[0], b)
-        return float(m["loss"])
-
-    out = timed_steps(step, batches, req["warmup"])
-    return {**out, "compile_s": compile_s, "num_compiles": trainer.num_compiles, "peak_rss_mb": peak_rss_mb()}
+    out, _ = run_trainer(trainer, req["scratch_batches"], req["warmup"])
+    return out
 
 
 def worker_flax_scratch(req: dict) -> dict:
@@ -198,18 +207,8 @@ def worker_maxjax_lora(req: dict) -> dict:
     model.load_state_dict(arch.weights_from_hf(load_weights(sorted(pathlib.Path(req["hf_dir"]).glob("*.safetensors"))), config), weight_alignment=1)
     train.apply_lora(model, LORA_TARGETS, rank=LORA_RANK, alpha=LORA_ALPHA, key=jax.random.key(0))
     trainer = train.Trainer(model, optax.adamw(req["lr"], weight_decay=0.0), trainable="*lora_*")
-    state = trainer.init()
-    batches = [np.asarray(b, np.int32) for b in req["lora_batches"]]
-    compile_s = trainer.compile(state, batches[0])
-    box = [state]
-
-    def step(b):
-        box[0], m = trainer.step(box[0], b)
-        return float(m["loss"])
-
-    out = timed_steps(step, batches, req["warmup"])
-    n = sum(int(v.size) for v in box[0].params.values())
-    return {**out, "compile_s": compile_s, "num_compiles": trainer.num_compiles, "trainable_params": n, "peak_rss_mb": peak_rss_mb()}
+    out, state = run_trainer(trainer, req["lora_batches"], req["warmup"])
+    return {**out, "trainable_params": sum(int(v.size) for v in state.params.values())}
 
 
 # -- torch workers (no maxjax, no jax) -----------------------------------------------------------
