@@ -188,8 +188,8 @@ class Steps:
             leaf = jax.tree.leaves(lm.state)[0]
             #: where the engine's arrays live: the device of the model's weights, or replicated on its mesh
             self.sharding = jax.sharding.SingleDeviceSharding(next(iter(leaf.devices())))
-            #: where its KV caches live (on a mesh: split over the KV heads, as the model's)
-            self.cache_sharding = self.sharding
+            #: where its KV caches live (on a mesh: rows over dp and KV heads over tp, as the model's)
+            self.cache_sharding = self.row_sharding = self.sharding
         else:
             from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -199,8 +199,6 @@ class Steps:
             self.cache_sharding = NamedSharding(lm.mesh, P(None, *cache[1:]))
             #: where a one-row cache (a prefilled prompt) lives: its row is not split over ``dp``
             self.row_sharding = NamedSharding(lm.mesh, P(None, None, *cache[2:]))
-        if lm.mesh is None:
-            self.row_sharding = self.cache_sharding
         if any(b % lm.batch_multiple for b in buckets.batch):
             raise ValueError(
                 f"batch buckets {buckets.batch} must be multiples of the data-parallel axis's size {lm.batch_multiple}"
