@@ -167,8 +167,14 @@ def test_rotary_embedding_interleaved_equals_permuted_halves():
 
 
 def test_attention_rejects_bad_head_counts():
-    with pytest.raises(ValueError, match=r"n_heads \(9\) must be a multiple of n_kv_heads \(2\)"):
-        nn.AttentionWithRope(9, 2, 576, nn.RotaryEmbedding(576, 9, 1e4), devices=[DeviceRef.CPU()])
+    from maxjax.nn.kv_cache import MHAKVCacheParams
+
+    kv_params = MHAKVCacheParams(DType.float32, 64, 1, [DeviceRef.CPU()], n_kv_heads=2)
+    with pytest.raises(ValueError, match=r"num_attention_heads \(9\) must be a multiple of num_key_value_heads \(2\)"):
+        nn.AttentionWithRope(
+            rope=nn.RotaryEmbedding(576, 9, 1e4), num_attention_heads=9, num_key_value_heads=2, hidden_size=576,
+            kv_params=kv_params, devices=[DeviceRef.CPU()],
+        )  # fmt: skip
 
 
 def test_config_from_gguf_metadata_rejects_other_architectures():

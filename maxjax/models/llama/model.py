@@ -15,8 +15,25 @@ from maxjax.dtype import DType
 from maxjax.graph import DeviceRef, ShardingStrategy, ops
 from maxjax.models.llama.config import LlamaConfig
 from maxjax.nn import MLP, AttentionWithRope, Embedding, LayerList, Linear, Module, RMSNorm, RotaryEmbedding, TransformerBlock
+from maxjax.nn.kv_cache import DenseKVCacheValues, MHAKVCacheParams
 
-__all__ = ["LlamaForCausalLM", "build_llama"]
+__all__ = ["LlamaDecoderLayer", "LlamaForCausalLM", "build_llama"]
+
+
+class LlamaDecoderLayer(TransformerBlock):
+    """MAX's :class:`~maxjax.nn.TransformerBlock` (same constructor, children and weight names)
+    over maxjax's dense KV cache, called in the functional form that a scanned chain of layers
+    needs: the updated caches are outputs.
+
+    ``__call__(x, k_cache, v_cache, layer_idx, positions) -> (out, k_cache, v_cache)``:
+        x ``[batch, seq, hidden]``; caches as :class:`~maxjax.nn.kv_cache.DenseKVCacheValues`;
+        layer_idx a scalar int32; positions int32 ``[batch, seq]``.
+    """
+
+    def __call__(self, x: Any, k_cache: Any, v_cache: Any, layer_idx: Any, positions: Any) -> tuple[Any, Any, Any]:
+        cache = DenseKVCacheValues(k_cache, v_cache, positions)
+        out = self._forward(layer_idx, x, cache, None, None)
+        return out, cache.k_cache, cache.v_cache
 
 
 class LlamaForCausalLM(Module):
@@ -53,7 +70,7 @@ class LlamaForCausalLM(Module):
     def __init__(
         self,
         embed_tokens: Embedding,
-        layers: list[TransformerBlock],
+        layers: list[LlamaDecoderLayer],
         norm: RMSNorm,
         lm_head: Linear,
         tie_word_embeddings: bool = False,
@@ -164,18 +181,27 @@ def build_llama(config: LlamaConfig, dtype: DType = DType.float32, device: Devic
     device = device or DeviceRef.CPU()
     c = config
     rope = RotaryEmbedding(c.hidden_size, c.num_attention_heads, c.rope_theta, c.max_position_embeddings, head_dim=c.head_dim)
+    kv_params = MHAKVCacheParams(
+        DType.float32, c.head_dim, c.num_hidden_layers, [device], n_kv_heads=c.num_key_value_heads
+    )
     layers = []
     for _ in range(c.num_hidden_layers):
         attn = AttentionWithRope(
-            c.num_attention_heads, c.num_key_value_heads, c.hidden_size, rope, DType.float32, [device], head_dim=c.head_dim
+            rope=rope,
+            num_attention_heads=c.num_attention_heads,
+            num_key_value_heads=c.num_key_value_heads,
+            hidden_size=c.hidden_size,
+            kv_params=kv_params,
+            devices=[device],
+            dtype=DType.float32,
         )
         mlp = MLP(DType.float32, None, c.hidden_size, c.intermediate_size, [device])
         layers.append(
-            TransformerBlock(
-                attn,
-                mlp,
-                RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, multiply_before_cast=False, device=device),
-                RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, multiply_before_cast=False, device=device),
+            LlamaDecoderLayer(
+                attention=attn,
+                mlp=mlp,
+                attention_norm=RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, multiply_before_cast=False, device=device),
+                mlp_norm=RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, multiply_before_cast=False, device=device),
             )
         )
     return LlamaForCausalLM(

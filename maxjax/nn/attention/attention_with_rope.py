@@ -1,6 +1,14 @@
-"""``AttentionWithRope``: grouped-query causal self-attention with rotary embedding and a KV cache.
+"""``AttentionWithRope`` (MAX's constructor and call) and ``GGUFQAttentionWithRope``: grouped-query
+causal self-attention with rotary embedding over a KV cache of either kind:
 
-The KV cache of a whole model is two arrays, KV-head-major: keys ``[n_layers, batch, n_kv_heads,
+- MAX's ragged batch over a paged cache (``kv_collection`` a
+  :class:`~maxjax.nn.kv_cache.KVCacheInputsPerDevice`): ``x [total_seq_len, hidden]`` with
+  ``input_row_offsets``; see :mod:`maxjax.nn.kernels`.
+- maxjax's dense cache of a padded batch (``kv_collection`` a
+  :class:`~maxjax.nn.kv_cache.DenseKVCacheValues`): ``x [batch, seq, hidden]``. This is what
+  maxjax's engine decodes with on CPU (below).
+
+The dense KV cache of a whole model is two arrays, KV-head-major: keys ``[n_layers, batch, n_kv_heads,
 head_dim, max_seq_len]`` and values ``[n_layers, batch, n_kv_heads, max_seq_len, head_dim]``. Keys
 are stored transposed so that both attention products read the cache as plain ``[.., k, n]``
 right operands (XLA:CPU's matmul library re-lays a transposed right operand on every call). A
@@ -30,11 +38,15 @@ from maxjax.graph import ops
 from maxjax.graph.ops import op_traits
 from maxjax.graph.sharding import Segment, ShardingStrategy, compute_shard_range
 from maxjax.graph.type import DeviceRef
+from maxjax.nn.attention.mask_config import MHAMaskVariant
+from maxjax.nn.kernels import attention_ragged_paged, rope_ragged, store_kv_ragged
+from maxjax.nn.kv_cache import DenseKVCacheValues, KVCacheInputsPerDevice, KVCacheParams, read_cache, write_cache
 from maxjax.nn.layer import Module
 from maxjax.nn.linear import Linear
+from maxjax.nn.norm import RMSNorm
 from maxjax.nn.rotary_embedding import RotaryEmbedding
 
-__all__ = ["AttentionWithRope"]
+__all__ = ["AttentionWithRope", "GGUFQAttentionWithRope"]
 
 
 #: the smallest window of keys :func:`_causal_gqa` reads; windows double up to the cache length
@@ -123,49 +135,127 @@ def _attend(q: Any, k_cache: Any, v_cache: Any, layer: Any, positions: Any, *, w
 
 
 class AttentionWithRope(Module):
-    """Causal grouped-query attention (weights ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``).
+    """Causal grouped-query attention with rotary embedding (MAX's ``AttentionWithRope``).
 
-    Args:
-        n_heads: query heads. n_kv_heads: key/value heads (divides ``n_heads``).
-        hidden_size: model width. head_dim: channels per head (default ``hidden_size // n_heads``).
-        rope: the :class:`RotaryEmbedding` shared by all layers.
-        dtype: activation / weight dtype of unquantized projections.
-        quantization_encoding: GGUF encoding of the projection weights (packed), or None.
+    Weight keys (MAX's): ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj`` (``.weight``, ``.bias``
+    on q/k/v with ``has_bias``); with ``stacked_qkv`` one ``qkv_proj.weight [(h + 2 kv) * d,
+    hidden]``; with ``use_qk_norm`` also ``q_norm.weight``/``k_norm.weight`` ``[head_dim]``.
 
-    ``__call__(x, k_cache, v_cache, layer_idx, positions)``:
-        x ``[batch, seq, hidden]``; k_cache ``[n_layers, batch, n_kv_heads, head_dim, max_seq]``,
-        v_cache ``[n_layers, batch, n_kv_heads, max_seq, head_dim]``;
-        layer_idx a scalar int32; positions int32 ``[batch, seq]``. Returns
-        ``(out [batch, seq, hidden], k_cache, v_cache)`` with this layer's new entries written.
+    Args (keyword-only, MAX's): rope (the model's rotary embedding); sharding_strategy;
+        num_attention_heads; num_key_value_heads (divides num_attention_heads); hidden_size;
+        kv_params (``head_dim`` comes from it); devices (the first holds the weights); dtype of
+        the projections; linear_cls (called as MAX calls it, with ``in_dim``, ``out_dim``,
+        ``dtype``, ``device``, ...); stacked_qkv; scale (default ``1 / sqrt(head_dim)``); has_bias
+        (not with stacked_qkv); quant_config (passed to ``linear_cls``); clip_qkv (q/k/v weights
+        clamped to ``[-clip_qkv, clip_qkv]``); use_qk_norm, rms_norm_eps (RMSNorm of each head of
+        q and k before the rotation); mask_variant (``CAUSAL_MASK`` only); sliding_window (keys
+        within the last ``sliding_window`` positions; ragged batches only); _fuse_rope_and_store
+        (MAX's kernel-fusion switch: no effect on the numbers, accepted).
+
+    ``__call__(layer_idx, x, kv_collection, freqs_cis=None, input_row_offsets=None)``:
+        paged: ``x [total_seq_len, hidden]``, ``input_row_offsets`` uint32 ``[batch + 1]``,
+        ``freqs_cis [max_positions, head_dim]`` (default: ``rope.freqs_cis``); returns
+        ``[total_seq_len, hidden]`` and writes this layer's keys and values into
+        ``kv_collection.kv_blocks``.
+        dense: ``x [batch, seq, hidden]``; returns ``[batch, seq, hidden]`` and rebinds
+        ``kv_collection.k_cache``/``v_cache`` (``freqs_cis``, ``input_row_offsets`` must be None).
+
+    Raises:
+        ValueError: heads that do not group, ``stacked_qkv`` with ``has_bias``.
+        NotImplementedError: a mask variant other than ``CAUSAL_MASK``; ``sliding_window`` on the
+            dense cache.
+        TypeError: (called) an unknown ``kv_collection``.
     """
 
     def __init__(
         self,
-        n_heads: int,
-        n_kv_heads: int,
-        hidden_size: int,
+        *,
         rope: RotaryEmbedding,
+        sharding_strategy: ShardingStrategy | None = None,
+        num_attention_heads: int,
+        num_key_value_heads: int,
+        hidden_size: int,
+        kv_params: KVCacheParams,
+        devices: Sequence[DeviceRef] | None = None,
         dtype: DType = DType.float32,
-        devices: Sequence[DeviceRef] = (),
-        head_dim: int | None = None,
-        quantization_encoding: Any = None,
+        linear_cls: Any = Linear,
+        stacked_qkv: bool = False,
+        scale: float | None = None,
         has_bias: bool = False,
+        quant_config: Any = None,
+        clip_qkv: float | None = None,
+        use_qk_norm: bool = False,
+        rms_norm_eps: float = 1e-6,
+        mask_variant: MHAMaskVariant = MHAMaskVariant.CAUSAL_MASK,
+        sliding_window: int | None = None,
+        _fuse_rope_and_store: bool = True,
     ) -> None:
+        self._build(
+            rope=rope, num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
+            hidden_size=hidden_size, kv_params=kv_params, devices=devices, dtype=dtype, linear_cls=linear_cls,
+            stacked_qkv=stacked_qkv, scale=scale, has_bias=has_bias, clip_qkv=clip_qkv, use_qk_norm=use_qk_norm,
+            rms_norm_eps=rms_norm_eps, mask_variant=mask_variant, sliding_window=sliding_window,
+            linear_kwargs={"quant_config": quant_config} if quant_config is not None else {},
+        )  # fmt: skip
+        self.quant_config = quant_config
+        if sharding_strategy is not None:
+            self.sharding_strategy = sharding_strategy
+
+    def _build(
+        self, *, rope: Any, num_attention_heads: int, num_key_value_heads: int, hidden_size: int, kv_params: Any,
+        devices: Any, dtype: DType, linear_cls: Any, stacked_qkv: bool, scale: float | None, has_bias: bool,
+        clip_qkv: float | None, use_qk_norm: bool, rms_norm_eps: float, mask_variant: Any, sliding_window: Any,
+        linear_kwargs: dict[str, Any],
+    ) -> None:  # fmt: skip
         super().__init__()
-        if n_heads % n_kv_heads:
-            raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
-        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
-        self.head_dim = head_dim or hidden_size // n_heads
-        self.hidden_size = hidden_size
+        if num_attention_heads % num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({num_attention_heads}) must be a multiple of num_key_value_heads "
+                f"({num_key_value_heads})"
+            )
+        if stacked_qkv and has_bias:
+            raise ValueError("AttentionWithRope: stacked_qkv=True does not support has_bias=True (MAX's rule)")
+        if MHAMaskVariant(mask_variant) != MHAMaskVariant.CAUSAL_MASK:
+            raise NotImplementedError(
+                f"AttentionWithRope(mask_variant={mask_variant!r}): maxjax implements MHAMaskVariant.CAUSAL_MASK only"
+            )
         self.rope = rope
-        self.scale = 1.0 / math.sqrt(self.head_dim)
-        device = list(devices)[0] if devices else DeviceRef.CPU()
-        q_out, kv_out = n_heads * self.head_dim, n_kv_heads * self.head_dim
-        enc = quantization_encoding
-        self.q_proj = Linear(hidden_size, q_out, dtype, device, has_bias, enc)
-        self.k_proj = Linear(hidden_size, kv_out, dtype, device, has_bias, enc)
-        self.v_proj = Linear(hidden_size, kv_out, dtype, device, has_bias, enc)
-        self.o_proj = Linear(q_out, hidden_size, dtype, device, False, enc)
+        self.n_heads = num_attention_heads
+        self.num_key_value_heads = self.n_kv_heads = num_key_value_heads
+        self.kv_params = kv_params
+        self.head_dim = kv_params.head_dim
+        self.hidden_size = hidden_size
+        self.has_bias = has_bias
+        self.scale = scale if scale is not None else math.sqrt(1.0 / self.head_dim)
+        self.clip_qkv = clip_qkv
+        self.devices = list(devices) if devices else [DeviceRef.CPU()]
+        self.stacked_qkv = stacked_qkv
+        self.use_qk_norm = use_qk_norm
+        self.rms_norm_eps = rms_norm_eps
+        self.mask_variant = MHAMaskVariant(mask_variant)
+        self.sliding_window = sliding_window
+        device = self.devices[0]
+        q_out, kv_out = num_attention_heads * self.head_dim, num_key_value_heads * self.head_dim
+        self.q_weight_dim = q_out
+        if use_qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, dtype, eps=rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, dtype, eps=rms_norm_eps)
+
+        def linear(in_dim: int, out_dim: int, bias: bool, clip: float | None) -> Any:
+            kwargs = dict(in_dim=in_dim, out_dim=out_dim, dtype=dtype, device=device, **linear_kwargs)
+            if bias:
+                kwargs["has_bias"] = True
+            if clip is not None:
+                kwargs["clip_weight"] = clip
+            return linear_cls(**kwargs)
+
+        if stacked_qkv:
+            self.qkv_proj = linear(hidden_size, q_out + 2 * kv_out, False, clip_qkv)
+        else:
+            self.q_proj = linear(hidden_size, q_out, has_bias, clip_qkv)
+            self.k_proj = linear(hidden_size, kv_out, has_bias, clip_qkv)
+            self.v_proj = linear(hidden_size, kv_out, has_bias, clip_qkv)
+        self.o_proj = linear(q_out, hidden_size, False, None)
         self._sharding_strategy: ShardingStrategy | None = None
 
     # -- sharding -------------------------------------------------------------------------------
@@ -181,12 +271,14 @@ class AttentionWithRope(Module):
         zero heads (see ``Weight.place``); the attention then runs over the padded head count.
 
         Raises:
-            ValueError: (setting) another strategy.
+            ValueError: (setting) another strategy, or a strategy on ``stacked_qkv`` weights.
         """
         return self._sharding_strategy
 
     @sharding_strategy.setter
     def sharding_strategy(self, strategy: ShardingStrategy) -> None:
+        if self.stacked_qkv:
+            raise ValueError("AttentionWithRope: sharding stacked_qkv weights is not supported by maxjax")
         n = strategy.num_devices
         if strategy.is_replicate:
             for proj in (self.q_proj, self.k_proj, self.v_proj, self.o_proj):
@@ -225,8 +317,11 @@ class AttentionWithRope(Module):
                 kv_i = end - start
             sharded = object.__new__(type(self))
             Module.__init__(sharded)
-            sharded.n_heads, sharded.n_kv_heads, sharded.head_dim = kv_i * g, kv_i, self.head_dim
-            sharded.hidden_size, sharded.rope, sharded.scale = self.hidden_size, self.rope, self.scale
+            for name in ("rope", "kv_params", "head_dim", "hidden_size", "scale", "has_bias", "clip_qkv", "stacked_qkv",
+                         "use_qk_norm", "rms_norm_eps", "mask_variant", "sliding_window"):  # fmt: skip
+                setattr(sharded, name, getattr(self, name))
+            sharded.n_heads, sharded.n_kv_heads, sharded.num_key_value_heads = kv_i * g, kv_i, kv_i
+            sharded.q_weight_dim, sharded.devices = kv_i * g * self.head_dim, [device]
             sharded.q_proj, sharded.k_proj, sharded.v_proj, sharded.o_proj = q[i], k[i], v[i], o[i]
             sharded._sharding_strategy = self._sharding_strategy
             shards.append(sharded)
@@ -237,14 +332,71 @@ class AttentionWithRope(Module):
         the weight is placed on a mesh with uneven groups)."""
         return proj.weight._aval.shape[0] // self.head_dim
 
-    def __call__(self, x: Any, k_cache: Any, v_cache: Any, layer_idx: Any, positions: Any) -> tuple[Any, Any, Any]:
+    def _qkv(self, x: Any, lead: list[Any]) -> tuple[Any, Any, Any]:
+        """q ``[*lead, h, d]``, k and v ``[*lead, kv, d]`` of ``x [*lead, hidden]`` (q/k normed)."""
+        d = self.head_dim
+        if self.stacked_qkv:
+            qkv = self.qkv_proj(x)
+            h, kv = self.n_heads, self.n_kv_heads
+            q, k, v = ops.split(qkv, [h * d, kv * d, kv * d], axis=-1)
+        else:
+            h, kv = self._heads(self.q_proj), self._heads(self.k_proj)
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = ops.reshape(q, [*lead, h, d])
+        k = ops.reshape(k, [*lead, kv, d])
+        v = ops.reshape(v, [*lead, kv, d])
+        if self.use_qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
+
+    def __call__(
+        self, layer_idx: Any, x: Any, kv_collection: Any, freqs_cis: Any = None, input_row_offsets: Any = None
+    ) -> Any:
+        if isinstance(kv_collection, KVCacheInputsPerDevice):
+            if input_row_offsets is None:
+                raise ValueError("AttentionWithRope: a paged kv_collection needs input_row_offsets (a ragged batch)")
+            return self._ragged(layer_idx, x, kv_collection, freqs_cis, input_row_offsets)
+        if isinstance(kv_collection, DenseKVCacheValues):
+            if freqs_cis is not None or input_row_offsets is not None:
+                raise ValueError(
+                    "AttentionWithRope: the dense cache takes a padded batch x [batch, seq, hidden] and the rope's own "
+                    "frequencies; pass freqs_cis=None and input_row_offsets=None"
+                )
+            if self.sliding_window is not None:
+                raise NotImplementedError("AttentionWithRope(sliding_window=...): supported on the paged cache only")
+            return self._dense(layer_idx, x, kv_collection)
+        raise TypeError(
+            f"AttentionWithRope: kv_collection must be a KVCacheInputsPerDevice (paged, MAX's) or a DenseKVCacheValues, "
+            f"got {type(kv_collection).__name__}"
+        )
+
+    def _ragged(self, layer_idx: Any, x: Any, cache: Any, freqs_cis: Any, offsets: Any) -> Any:
+        total = x.shape[0]
+        q, k, v = self._qkv(x, [total])  # [total, h | kv, d]
+        if freqs_cis is None:
+            freqs_cis = self.rope.freqs_cis
+        interleaved = bool(self.rope.interleaved)
+        q = ops.apply(rope_ragged, q, freqs_cis, offsets, cache.cache_lengths, _name="rope_ragged", interleaved=interleaved)
+        k = ops.apply(rope_ragged, k, freqs_cis, offsets, cache.cache_lengths, _name="rope_ragged", interleaved=interleaved)
+        blocks = ops.apply(
+            store_kv_ragged, read_cache(cache.kv_blocks), k, v, layer_idx, offsets, cache.cache_lengths,
+            cache.lookup_table, _name="store_kv_ragged",
+        )  # fmt: skip
+        write_cache(cache, "kv_blocks", blocks)
+        ctx = ops.apply(
+            attention_ragged_paged, q, blocks, layer_idx, offsets, cache.cache_lengths, cache.lookup_table,
+            _name="attention_ragged_paged", scale=float(self.scale), window=self.sliding_window,
+        )  # fmt: skip  [total, h, d]
+        return self.o_proj(ops.reshape(ctx, [total, q.shape[1] * self.head_dim]))
+
+    def _dense(self, layer_idx: Any, x: Any, cache: DenseKVCacheValues) -> Any:
         batch, seq = x.shape[0], x.shape[1]
-        h, kv, d = self._heads(self.q_proj), self._heads(self.k_proj), self.head_dim
-        q = ops.reshape(self.q_proj(x), [batch, seq, h, d])
-        k = ops.reshape(self.k_proj(x), [batch, seq, kv, d])
-        v = ops.reshape(self.v_proj(x), [batch, seq, kv, d])
+        q, k, v = self._qkv(x, [batch, seq])  # [batch, seq, h | kv, d]
+        kv, d = k.shape[2], self.head_dim
+        positions = cache.positions
         q = self.rope(q, positions)
         k = self.rope(k, positions)
+        k_cache, v_cache = read_cache(cache.k_cache), read_cache(cache.v_cache)
 
         # write this layer's new values at (layer, b, kv head, position) and its keys, one channel
         # at a time, at (layer, b, kv head, channel, position)
@@ -260,9 +412,47 @@ class AttentionWithRope(Module):
         k_idx = ops.stack([*per_channel[:3], c_idx, per_channel[3]], axis=-1)  # [batch, seq, kv, d, 5]
         k_cache = ops.scatter_nd(k_cache, k, k_idx)
         v_cache = ops.scatter_nd(v_cache, v, idx)
+        write_cache(cache, "k_cache", k_cache)
+        write_cache(cache, "v_cache", v_cache)
 
         ctx = ops.apply(
-            _causal_gqa, q, k_cache, v_cache, layer_idx, positions, _name="causal_gqa", scale=self.scale
+            _causal_gqa, q, k_cache, v_cache, layer_idx, positions, _name="causal_gqa", scale=float(self.scale)
         )  # [batch, seq, h * d]
-        out = self.o_proj(ctx)
-        return out, k_cache, v_cache
+        return self.o_proj(ctx)
+
+
+class GGUFQAttentionWithRope(AttentionWithRope):
+    """:class:`AttentionWithRope` whose projections hold GGUF-quantized weights (MAX's
+    ``GGUFQAttentionWithRope``: same weight keys, uint8 blocks of ``quantization_encoding``; the
+    dequantization runs inside the matmul, see ``ops.qmatmul``).
+
+    Raises:
+        ValueError: as :class:`AttentionWithRope`.
+    """
+
+    def __init__(
+        self,
+        *,
+        rope: RotaryEmbedding,
+        num_attention_heads: int,
+        num_key_value_heads: int,
+        hidden_size: int,
+        kv_params: KVCacheParams,
+        dtype: DType,
+        quantization_encoding: Any,
+        devices: list[DeviceRef] | None = None,
+        linear_cls: Any = Linear,
+        scale: float | None = None,
+        has_bias: bool = False,
+        clip_qkv: float | None = None,
+        mask_variant: MHAMaskVariant = MHAMaskVariant.CAUSAL_MASK,
+    ) -> None:
+        self._build(
+            rope=rope, num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
+            hidden_size=hidden_size, kv_params=kv_params, devices=devices, dtype=dtype, linear_cls=linear_cls,
+            stacked_qkv=False, scale=scale, has_bias=has_bias, clip_qkv=clip_qkv, use_qk_norm=False,
+            rms_norm_eps=1e-6, mask_variant=mask_variant, sliding_window=None,
+            linear_kwargs={"quantization_encoding": quantization_encoding},
+        )  # fmt: skip
+        self.quantization_encoding = quantization_encoding
+        self.quant_config = None

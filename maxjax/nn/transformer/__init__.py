@@ -1,5 +1,10 @@
 """``maxjax.nn.transformer`` (MAX's ``max.nn.transformer``): decoder blocks and stacks."""
 
-from maxjax.nn.transformer.transformer import TransformerBlock
+from maxjax.nn.transformer.transformer import (
+    ReturnHiddenStates, ReturnLogits, Transformer, TransformerBlock, forward_sequential_layers, logits_postprocess,
+)
 
-__all__ = ["TransformerBlock"]
+__all__ = [
+    "ReturnHiddenStates", "ReturnLogits", "Transformer", "TransformerBlock", "forward_sequential_layers",
+    "logits_postprocess",
+]  # fmt: skip

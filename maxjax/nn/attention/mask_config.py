@@ -1,0 +1,26 @@
+"""Attention mask variants (MAX's ``max/nn/attention/mask_config.py``)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+__all__ = ["AttentionMaskVariant", "MHAMaskVariant"]
+
+
+class MHAMaskVariant(str, Enum):
+    """Mask codes of MAX's multi-head attention kernels."""
+
+    CAUSAL_MASK = "0"
+    NULL_MASK = "2"
+    CHUNKED_CAUSAL_MASK = "3"
+    SLIDING_WINDOW_CAUSAL_MASK = "4"
+
+
+class AttentionMaskVariant(str, Enum):
+    """MAX's attention mask kinds."""
+
+    NULL_MASK = "null_mask"
+    CAUSAL_MASK = "causal_mask"
+    TENSOR_MASK = "tensor_mask"
+    CHUNKED_CAUSAL_MASK = "chunked_causal_mask"
+    SLIDING_WINDOW_CAUSAL_MASK = "sliding_window_causal_mask"
