@@ -1,6 +1,6 @@
 """``maxjax.nn``: MAX's module system (``Module``, ``LayerList``, hooks) and basic layers."""
 
-from maxjax.nn.attention import AttentionWithRope
+from maxjax.nn.attention import AttentionWithRope, GGUFQAttentionWithRope
 from maxjax.nn.comm import Allreduce, Signals
 from maxjax.nn.embedding import Embedding
 from maxjax.nn.functional import abstract_state, functional_call, state
@@ -8,11 +8,13 @@ from maxjax.nn.layer import HookHandle, Layer, LayerList, LayerV2, LoadStateDict
 from maxjax.nn.linear import MLP, Linear
 from maxjax.nn.norm import LayerNorm, RMSNorm
 from maxjax.nn.rotary_embedding import RotaryEmbedding
-from maxjax.nn.transformer import TransformerBlock
+from maxjax.nn.transformer import ReturnHiddenStates, ReturnLogits, Transformer, TransformerBlock
+from maxjax.nn.kv_cache import KVCacheInputs, KVCacheParams
 from maxjax.nn import init  # noqa: E402  (initializers: nn.init.initialize(module, key))
 
 __all__ = [
-    "Allreduce", "AttentionWithRope", "RotaryEmbedding", "Signals", "TransformerBlock",
+    "Allreduce", "AttentionWithRope", "GGUFQAttentionWithRope", "KVCacheInputs", "KVCacheParams", "ReturnHiddenStates",
+    "ReturnLogits", "Transformer", "RotaryEmbedding", "Signals", "TransformerBlock",
     "Embedding", "HookHandle", "Layer", "LayerList", "LayerNorm", "LayerV2", "Linear", "LoadStateDictResult",
     "MLP", "Module", "RMSNorm", "Sequential", "abstract_state", "functional_call", "init", "state",
 ]  # fmt: skip

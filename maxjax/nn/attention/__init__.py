@@ -1,5 +1,8 @@
 """``maxjax.nn.attention`` (MAX's ``max.nn.attention``): attention layers and their kernels."""
 
-from maxjax.nn.attention.attention_with_rope import MASKED, MIN_WINDOW, AttentionWithRope, _causal_gqa, _windows
+from maxjax.nn.attention.attention_with_rope import (
+    MASKED, MIN_WINDOW, AttentionWithRope, GGUFQAttentionWithRope, _causal_gqa, _windows,
+)
+from maxjax.nn.attention.mask_config import AttentionMaskVariant, MHAMaskVariant
 
-__all__ = ["AttentionWithRope"]
+__all__ = ["AttentionMaskVariant", "AttentionWithRope", "GGUFQAttentionWithRope", "MHAMaskVariant"]

@@ -127,11 +127,16 @@ def read_cache(v: Any) -> Any:
 
 def write_cache(collection: Any, field: str, value: Any) -> None:
     """Updates ``collection.<field>`` to ``value``: stored into the buffer when the field is a
-    graph buffer (MAX's in-place update), else the field is rebound (eager/functional mode)."""
+    graph buffer (MAX's in-place update), else the field is rebound (eager/functional mode),
+    keeping the kind of value the caller put there (a JAX array stays a JAX array)."""
+    from maxjax.graph.value import TensorValue
+
     current = getattr(collection, field)
     if _is_buffer(current):
         from maxjax.graph import ops
 
         ops.buffer_store(current, value)
-    else:
-        setattr(collection, field, value)
+        return
+    if isinstance(value, TensorValue) and value._graph is None and not isinstance(current, TensorValue):
+        value = value.to_jax()
+    setattr(collection, field, value)

@@ -1,0 +1,145 @@
+"""MAX's decoder stack (Transformer of TransformerBlock/AttentionWithRope over a paged cache,
+ragged batches) against a NumPy Llama, in graph, functional and eager mode; and its refusals."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from maxjax import nn
+from maxjax.dtype import DType
+from maxjax.graph import DeviceRef, Graph, TensorType
+from maxjax.nn.kv_cache import KVCacheInputsPerDevice, MHAKVCacheParams, PagedKVCache
+
+from test_transformer import CFG, reference_logits
+
+DEV = DeviceRef.CPU()
+
+
+def _build(interleaved: bool = False, page_size: int = 4, **attn_kwargs):
+    c = CFG
+    kv_params = MHAKVCacheParams(DType.float32, c.head_dim, c.num_hidden_layers, [DEV], page_size=page_size, n_kv_heads=c.num_key_value_heads)
+    rope = nn.RotaryEmbedding(c.hidden_size, c.num_attention_heads, c.rope_theta, c.max_position_embeddings, head_dim=c.head_dim, interleaved=interleaved)
+
+    def norm():
+        return nn.RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, multiply_before_cast=False)
+
+    layers = [
+        nn.TransformerBlock(
+            attention=nn.AttentionWithRope(
+                rope=rope, num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
+                hidden_size=c.hidden_size, kv_params=kv_params, devices=[DEV], **attn_kwargs,
+            ),
+            mlp=nn.MLP(DType.float32, None, c.hidden_size, c.intermediate_size, [DEV]),
+            attention_norm=norm(),
+            mlp_norm=norm(),
+        )
+        for _ in range(c.num_hidden_layers)
+    ]  # fmt: skip
+    emb = nn.Embedding(c.vocab_size, c.hidden_size, DType.float32, DEV)
+    out = nn.Linear(c.hidden_size, c.vocab_size, DType.float32, DEV)
+    out.set_shared_weight("weight", emb.weight)
+    model = nn.Transformer(c.hidden_size, c.num_attention_heads, layers, norm(), out, emb, kv_params, rope)
+    return model, kv_params
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    model, kv_params = _build()
+    rng = np.random.default_rng(0)
+    sd = {k: (rng.standard_normal(v.shape) * 0.2).astype(np.float32) for k, v in model.state_dict().items()}
+    model.load_state_dict(sd)
+    return model, kv_params, sd
+
+
+def test_names_are_maxs(decoder):
+    _, _, sd = decoder
+    assert {"embed_tokens.weight", "norm.weight", "layers.1.self_attn.q_proj.weight", "layers.1.self_attn.o_proj.weight",
+            "layers.1.mlp.gate_proj.weight", "layers.1.input_layernorm.weight", "layers.1.post_attention_layernorm.weight"} <= set(sd)  # fmt: skip
+    assert "lm_head.weight" not in sd  # tied
+
+
+def _steps():
+    """Two sequences of different lengths (5 and 3 tokens), prefilled together, then two decode steps."""
+    rng = np.random.default_rng(1)
+    seqs = [rng.integers(0, CFG.vocab_size, 7).astype(np.int64), rng.integers(0, CFG.vocab_size, 5).astype(np.int64)]
+    return seqs, [[5, 3], [1, 1], [1, 1]]
+
+
+def _run(call, kv_params, seqs, plan):
+    cache = PagedKVCache(kv_params, num_pages=8)
+    for i in range(len(seqs)):
+        cache.claim(i)
+    done, outs = [0, 0], []
+    for lengths in plan:
+        tokens = np.concatenate([s[d : d + n] for s, d, n in zip(seqs, done, lengths)])
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint32)
+        inputs = cache.inputs([0, 1], lengths)
+        logits, blocks = call(tokens, offsets, np.ones(1, np.int64), inputs)
+        cache.kv_blocks = blocks if blocks is not None else cache.kv_blocks
+        cache.commit([0, 1], lengths)
+        outs.append(np.asarray(logits))
+        done = [d + n for d, n in zip(done, lengths)]
+    return outs
+
+
+def _expected(sd, seqs, plan):
+    want, done = [], [0, 0]
+    for lengths in plan:
+        done = [d + n for d, n in zip(done, lengths)]
+        want.append(np.stack([reference_logits(sd, s[None, :d])[0, -1] for s, d in zip(seqs, done)]))
+    return want
+
+
+def _collection(inputs):
+    return KVCacheInputsPerDevice.unflatten(iter(inputs))
+
+
+def test_ragged_paged_eager_and_functional_match_numpy(decoder):
+    model, kv_params, sd = decoder
+    seqs, plan = _steps()
+    want = _expected(sd, seqs, plan)
+
+    def eager(tokens, offsets, n, inputs):
+        coll = _collection(inputs)
+        (logits,) = model(tokens, coll, n, offsets)
+        return logits, coll.kv_blocks
+
+    for got, w in zip(_run(eager, kv_params, seqs, plan), want):
+        np.testing.assert_allclose(got, w, atol=3e-5)
+
+    state = nn.state(model)
+
+    @jax.jit
+    def step(state, tokens, offsets, n, *inputs):  # functional mode: the cache's pages in and out
+        coll = _collection(inputs)
+        (logits,) = nn.functional_call(model, state, tokens, coll, n, offsets)
+        return logits, coll.kv_blocks
+
+    def functional(tokens, offsets, n, inputs):
+        return step(state, tokens, offsets, n, *[np.asarray(a.to_numpy()) if hasattr(a, "to_numpy") else a for a in inputs])
+
+    for got, w in zip(_run(functional, kv_params, seqs, plan), want):
+        np.testing.assert_allclose(got, w, atol=3e-5)
+
+
+def test_refusals():
+    c = CFG
+    kv = MHAKVCacheParams(DType.float32, c.head_dim, 1, [DEV], n_kv_heads=2)
+    rope = nn.RotaryEmbedding(c.hidden_size, c.num_attention_heads, c.rope_theta, 64, head_dim=c.head_dim)
+    common = dict(rope=rope, num_attention_heads=4, num_key_value_heads=2, hidden_size=32, kv_params=kv)
+    from maxjax.nn.attention import MHAMaskVariant
+
+    with pytest.raises(NotImplementedError, match="mask_variant"):
+        nn.AttentionWithRope(**common, mask_variant=MHAMaskVariant.NULL_MASK)
+    with pytest.raises(ValueError, match="stacked_qkv=True does not support has_bias"):
+        nn.AttentionWithRope(**common, stacked_qkv=True, has_bias=True)
+    with pytest.raises(NotImplementedError, match="enable_prefix_caching"):
+        MHAKVCacheParams(DType.float32, 8, 1, [DEV], enable_prefix_caching=True, n_kv_heads=2)
+    with pytest.raises(NotImplementedError, match="kv_scales"):
+        KVCacheInputsPerDevice(None, None, None, None, None, None, kv_scales=np.zeros(1))
+    with pytest.raises(TypeError, match="kv_collection must be"):
+        nn.AttentionWithRope(**common)(0, np.zeros((3, 32), np.float32), object())
+    with pytest.raises(NotImplementedError, match="VARIABLE"):
+        nn.transformer.logits_postprocess(None, None, None, None, None, nn.ReturnLogits.VARIABLE)
