@@ -143,3 +143,49 @@ def test_refusals():
         nn.AttentionWithRope(**common)(0, np.zeros((3, 32), np.float32), object())
     with pytest.raises(NotImplementedError, match="VARIABLE"):
         nn.transformer.logits_postprocess(None, None, None, None, None, nn.ReturnLogits.VARIABLE)
+
+
+@pytest.mark.parametrize("mask", ["CAUSAL_MASK", "NULL_MASK"])
+def test_ragged_attention_over_pages_matches_numpy(mask):
+    """MAX's RaggedAttention (no rope): two sequences with cached tokens, new tokens of 3 and 1."""
+    from maxjax.nn.attention import MHAMaskVariant
+
+    h, kv, d, hidden = 4, 2, 8, 32
+    params = MHAKVCacheParams(DType.float32, d, 2, [DEV], page_size=4, n_kv_heads=kv)
+    attn = nn.RaggedAttention(
+        mask_variant=MHAMaskVariant[mask], num_attention_heads=h, num_key_value_heads=kv, hidden_size=hidden, kv_params=params
+    )
+    rng = np.random.default_rng(3)
+    sd = {k: (rng.standard_normal(v.shape) * 0.3).astype(np.float32) for k, v in attn.state_dict().items()}
+    attn.load_state_dict(sd)
+    cache = PagedKVCache(params, num_pages=6)
+    past = [rng.standard_normal((n, hidden)).astype(np.float32) for n in (5, 2)]  # cached by a first step
+    new = [rng.standard_normal((n, hidden)).astype(np.float32) for n in (3, 1)]
+    for i in (0, 1):
+        cache.claim(i)
+    outs = []
+    for step in (past, new):
+        lengths = [len(s) for s in step]
+        coll = _collection(cache.inputs([0, 1], lengths))
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint32)
+        outs.append(np.asarray(attn(np.int32(1), np.concatenate(step), coll, input_row_offsets=offsets)))
+        cache.kv_blocks = coll.kv_blocks
+        cache.commit([0, 1], lengths)
+    got = outs[1]
+    w = {k: v for k, v in sd.items()}
+    rows = []
+    for b in (0, 1):
+        x = np.concatenate([past[b], new[b]]).astype(np.float64)
+        q = (x @ w["q_proj.weight"].T).reshape(-1, h, d)
+        k = np.repeat((x @ w["k_proj.weight"].T).reshape(-1, kv, d), h // kv, 1)
+        v = np.repeat((x @ w["v_proj.weight"].T).reshape(-1, kv, d), h // kv, 1)
+        s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(d)
+        n = len(x)
+        if mask == "CAUSAL_MASK":
+            s = np.where(np.tril(np.ones((n, n))) > 0, s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        o = np.einsum("hqk,khd->qhd", p, v).reshape(n, h * d) @ w["o_proj.weight"].T
+        rows.append(o[len(past[b]) :])
+    np.testing.assert_allclose(got, np.concatenate(rows), atol=2e-5)
+    assert cache.metrics.input_tokens == 11 and cache.metrics.prompt_tokens == 11

@@ -1,6 +1,6 @@
 """``maxjax.nn``: MAX's module system (``Module``, ``LayerList``, hooks) and basic layers."""
 
-from maxjax.nn.attention import AttentionWithRope, GGUFQAttentionWithRope
+from maxjax.nn.attention import AttentionWithRope, GGUFQAttentionWithRope, RaggedAttention
 from maxjax.nn.comm import Allreduce, Signals
 from maxjax.nn.embedding import Embedding
 from maxjax.nn.functional import abstract_state, functional_call, state
@@ -9,11 +9,12 @@ from maxjax.nn.linear import MLP, Linear
 from maxjax.nn.norm import LayerNorm, RMSNorm
 from maxjax.nn.rotary_embedding import RotaryEmbedding
 from maxjax.nn.transformer import ReturnHiddenStates, ReturnLogits, Transformer, TransformerBlock
-from maxjax.nn.kv_cache import KVCacheInputs, KVCacheParams
+from maxjax.nn.kv_cache import KVCacheInputs, KVCacheMetrics, KVCacheParams, build_max_lengths_tensors
 from maxjax.nn import init  # noqa: E402  (initializers: nn.init.initialize(module, key))
 
 __all__ = [
-    "Allreduce", "AttentionWithRope", "GGUFQAttentionWithRope", "KVCacheInputs", "KVCacheParams", "ReturnHiddenStates",
+    "Allreduce", "AttentionWithRope", "GGUFQAttentionWithRope", "KVCacheInputs", "KVCacheMetrics", "KVCacheParams", "RaggedAttention", "ReturnHiddenStates",
+    "build_max_lengths_tensors",
     "ReturnLogits", "Transformer", "RotaryEmbedding", "Signals", "TransformerBlock",
     "Embedding", "HookHandle", "Layer", "LayerList", "LayerNorm", "LayerV2", "Linear", "LoadStateDictResult",
     "MLP", "Module", "RMSNorm", "Sequential", "abstract_state", "functional_call", "init", "state",

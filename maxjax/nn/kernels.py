@@ -88,6 +88,7 @@ def attention_ragged_paged(
     *,
     scale: float,
     window: int | None = None,
+    causal: bool = True,
 ) -> Any:
     """Causal grouped-query attention of ragged queries over their sequences' cached pages.
 
@@ -95,7 +96,8 @@ def attention_ragged_paged(
     ``t`` of sequence ``b`` at position ``p`` attends to the keys at positions ``0..p`` of
     ``b``'s pages (query head ``h`` uses KV head ``h // (n_heads // n_kv_heads)``). Scores and
     softmax in float32. With ``window``, only the keys at positions ``p - window + 1 .. p``
-    (a sliding window, as MAX's ``local_window_size``). Each token reads its sequence's pages ``[max_num_pages * page_size]``:
+    (a sliding window, as MAX's ``local_window_size``). With ``causal=False`` (MAX's
+    ``NULL_MASK``) every token of its sequence, cached or new, is visible. Each token reads its sequence's pages ``[max_num_pages * page_size]``:
     the gather is per token, which suits decode rows and short prompts (maxjax's dense cache
     serves long prompts faster).
 
@@ -116,7 +118,12 @@ def attention_ragged_paged(
     qg = q.astype(jnp.float32).reshape(total, kv, g, d)
     scores = jnp.einsum("tngd,tknd->tngk", qg, keys) * scale  # [total, kv, g, n_keys]
     key_pos = jnp.arange(n_keys, dtype=jnp.int32)[None, :]
-    visible = key_pos <= pos[:, None]  # [total, n_keys]
+    if causal:
+        visible = key_pos <= pos[:, None]  # [total, n_keys]
+    else:
+        offsets = input_row_offsets.astype(jnp.int32)
+        seq_len = cache_lengths.astype(jnp.int32) + offsets[1:] - offsets[:-1]  # [batch]
+        visible = key_pos < seq_len[seq][:, None]
     if window is not None:
         visible &= key_pos > pos[:, None] - window
     scores = jnp.where(visible[:, None, None, :], scores, _MASKED)

@@ -4,5 +4,6 @@ from maxjax.nn.attention.attention_with_rope import (
     MASKED, MIN_WINDOW, AttentionWithRope, GGUFQAttentionWithRope, _causal_gqa, _windows,
 )
 from maxjax.nn.attention.mask_config import AttentionMaskVariant, MHAMaskVariant
+from maxjax.nn.attention.ragged_attention import RaggedAttention
 
-__all__ = ["AttentionMaskVariant", "AttentionWithRope", "GGUFQAttentionWithRope", "MHAMaskVariant"]
+__all__ = ["AttentionMaskVariant", "AttentionWithRope", "GGUFQAttentionWithRope", "MHAMaskVariant", "RaggedAttention"]

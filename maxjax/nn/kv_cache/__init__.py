@@ -9,9 +9,11 @@ from maxjax.nn.kv_cache.input_types import (
     DenseKVCacheValues, KVCacheInputs, KVCacheInputsPerDevice, PagedCacheValues, read_cache, write_cache,
 )
 from maxjax.nn.kv_cache.manager import PagedKVCache
+from maxjax.nn.kv_cache.metrics import KVCacheMetrics
+from maxjax.nn.kv_cache.utils import build_max_lengths_tensors
 
 __all__ = [
     "CacheLeafKind", "DenseKVCacheValues", "KVCacheInputs", "KVCacheInputsPerDevice", "KVCacheParamInterface",
-    "KVCacheParams", "KVCacheQuantizationConfig", "MHAKVCacheParams", "NullKVConnectorConfig", "PagedCacheValues",
+    "KVCacheMetrics", "KVCacheParams", "KVCacheQuantizationConfig", "build_max_lengths_tensors", "MHAKVCacheParams", "NullKVConnectorConfig", "PagedCacheValues",
     "PagedKVCache",
 ]  # fmt: skip

@@ -3,7 +3,8 @@
 MAX's serving stack keeps a ``PagedKVCacheManager`` outside ``max.nn``; maxjax's is this small
 class. It owns the pages ``kv_blocks [num_pages, 2, num_layers, page_size, n_kv_heads, head_dim]``
 (a :class:`maxjax.driver.Buffer`, updated in place by each step's graph) and, for each sequence,
-its list of pages and its cached length. :meth:`inputs` gives one step's runtime inputs for a
+its list of pages and its cached length; ``metrics`` (MAX's :class:`KVCacheMetrics`) counts the
+tokens it cached. :meth:`inputs` gives one step's runtime inputs for a
 ragged batch (MAX's order, see :meth:`KVCacheParams.get_symbolic_inputs`); :meth:`commit` records
 the tokens that step added.
 """
@@ -16,6 +17,7 @@ import numpy as np
 
 from maxjax.driver import Buffer
 from maxjax.nn.kv_cache.cache_params import KVCacheParams
+from maxjax.nn.kv_cache.metrics import KVCacheMetrics
 
 __all__ = ["PagedKVCache"]
 
@@ -42,6 +44,7 @@ class PagedKVCache:
         self._free = list(range(num_pages - 1, -1, -1))
         self._pages: dict[Any, list[int]] = {}
         self._lengths: dict[Any, int] = {}
+        self.metrics = KVCacheMetrics()
 
     def claim(self, seq_id: Any) -> None:
         """Starts an empty sequence ``seq_id``.
@@ -104,3 +107,4 @@ class PagedKVCache:
         """Records that the step given to :meth:`inputs` cached its new tokens."""
         for sid, n in zip(seq_ids, num_new_tokens, strict=True):
             self._lengths[sid] += int(n)
+            self.metrics.input_tokens += int(n)
