@@ -1,0 +1,78 @@
+"""MAX 26.7 reference for the Linear family (``max.nn.linear``, ``max.nn.stacked_linear``).
+
+One MAX graph (one compile) holds every layer as an attribute of one root module, so their
+weights have distinct names. Keys written:
+
+- ``x``: the float32 input ``[3, 8]`` (rank 2: MAX's MLP splits its fused gate/up output on axis 1).
+- ``w.<fqn>``: every weight of the root module (``lin_bias.weight``, ``q_proj.weight``, ...).
+- ``out.<layer>``: MAX's output of each layer on ``x``.
+- ``keys.<layer>``: the state_dict keys of the layer built alone (its own root), sorted.
+
+GPTQLinear and float8 ``quant_config`` Linear are not here: MAX 26.7 compiles them only for GPUs
+(``GPTQ_gpu_repack_b4_g128`` and ``mo.quantize_static_scaled_float8`` assert ``is_gpu``), so on
+this CPU the graph fails to compile; tests check those against NumPy from the published layouts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+IN, HID, FF = 8, 8, 6
+CONFIGS = {
+    # name: (constructor, callable taking x)
+    "lin": "Linear(IN, 5, F32, CPU)",
+    "lin_bias": "Linear(IN, 5, F32, CPU, has_bias=True)",
+    "lin_named": "Linear(IN, 4, F32, CPU, has_bias=True, name='proj')",
+    "lin_clip": "Linear(IN, 5, F32, CPU, clip_weight=0.3)",
+    "mlp_silu": "MLP(F32, None, HID, FF, [CPU])",
+    "mlp_gelu_bias": "MLP(F32, None, HID, FF, [CPU], has_bias=True, activation_function='gelu')",
+    "mlp_gelu_tanh": "MLP(F32, None, HID, FF, [CPU], activation_function='gelu_tanh')",
+    "mlp_relu_limit": "MLP(F32, None, HID, FF, [CPU], activation_function='relu', swiglu_limit=0.5)",
+    "mlp_sigmoid": "MLP(F32, None, HID, FF, [CPU], activation_function='sigmoid')",
+    "mlp_tanh": "MLP(F32, None, HID, FF, [CPU], activation_function='tanh')",
+    "fused_mlp": "FusedMLP(F32, HID, FF, [CPU], swiglu_limit=0.4)",
+    "qkv_unfused": "StackedLinear(IN, [4, 2, 2], ['q_proj', 'k_proj', 'v_proj'], F32, CPU, has_bias=True)",
+    "qkv_unfused_clip": "StackedLinear(IN, [3, 2], ['a_proj', 'b_proj'], F32, CPU, clip_weight=0.2)",
+    "qkv_stacked": "StackedLinear(IN, [4, 2, 2], ['q', 'k', 'v'], F32, CPU, stacked=True, has_bias=True)",
+}
+
+
+def build() -> dict[str, np.ndarray]:
+    from max.dtype import DType
+    from max.engine import InferenceSession
+    from max.graph import DeviceRef, Graph, TensorType
+    from max.nn import MLP, FusedMLP, Linear, Module, StackedLinear
+
+    env = {
+        "Linear": Linear, "MLP": MLP, "FusedMLP": FusedMLP, "StackedLinear": StackedLinear,
+        "F32": DType.float32, "CPU": DeviceRef.CPU(), "IN": IN, "HID": HID, "FF": FF,
+    }  # fmt: skip
+    rng = np.random.default_rng(21)
+    out: dict[str, np.ndarray] = {}
+    for name, ctor in CONFIGS.items():
+        out[f"keys.{name}"] = np.array(sorted(eval(ctor, env).raw_state_dict()))
+
+    class Root(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            for name, ctor in CONFIGS.items():
+                setattr(self, name, eval(ctor, env))
+
+        def __call__(self, x):
+            return tuple(getattr(self, name)(x) for name in CONFIGS)
+
+    root = Root()
+    weights = {
+        k: (rng.standard_normal(tuple(int(d) for d in w.shape)) * 0.5).astype(np.float32)
+        for k, w in root.raw_state_dict().items()
+    }
+    root.load_state_dict(weights)
+    x = rng.standard_normal((3, IN)).astype(np.float32)
+    graph = Graph("linear_ref", forward=root, input_types=[TensorType(DType.float32, [3, IN], DeviceRef.CPU())])
+    model = InferenceSession().load(graph, weights_registry=root.state_dict())
+    results = model.execute(x)
+    out["x"] = x
+    out.update({f"w.{k}": v for k, v in weights.items()})
+    for name, r in zip(CONFIGS, results):
+        out[f"out.{name}"] = r.to_numpy()
+    return out
