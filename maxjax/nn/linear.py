@@ -232,9 +232,8 @@ class Linear(Module):
         k_split = strategy.is_colwise or strategy.is_head_aware_colwise or (strategy.is_segmented and strategy.sharded_axis == 1)
         shards = []
         for i, (device, w) in enumerate(zip(devices, weights)):
-            sharded = type(self).__new__(type(self))
-            Linear.__init__(
-                sharded, int(w.shape[1]), int(w.shape[0]), self.dtype, device, self.bias is not None,
+            sharded = Linear(
+                int(w.shape[1]), int(w.shape[0]), self.dtype, device, self.bias is not None,
                 quant_config=self.quant_config, clip_weight=self.clip_weight, is_sharding=True,
             )  # fmt: skip
             sharded.weight = w

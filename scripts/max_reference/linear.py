@@ -7,6 +7,8 @@ weights have distinct names. Keys written:
 - ``w.<fqn>``: every weight of the root module (``lin_bias.weight``, ``q_proj.weight``, ...).
 - ``out.<layer>``: MAX's output of each layer on ``x``.
 - ``keys.<layer>``: the state_dict keys of the layer built alone (its own root), sorted.
+- ``enum.<Enum>``: ``NAME=value`` of each member of the ``max.nn.quant_config`` enums.
+- ``fields.<dataclass>``: ``name=default`` of each field of the quant_config dataclasses.
 
 GPTQLinear and float8 ``quant_config`` Linear are not here: MAX 26.7 compiles them only for GPUs
 (``GPTQ_gpu_repack_b4_g128`` and ``mo.quantize_static_scaled_float8`` assert ``is_gpu``), so on
@@ -47,8 +49,16 @@ def build() -> dict[str, np.ndarray]:
         "Linear": Linear, "MLP": MLP, "FusedMLP": FusedMLP, "StackedLinear": StackedLinear,
         "F32": DType.float32, "CPU": DeviceRef.CPU(), "IN": IN, "HID": HID, "FF": FF,
     }  # fmt: skip
+    import dataclasses
+
+    from max.nn import quant_config as qc
+
     rng = np.random.default_rng(21)
     out: dict[str, np.ndarray] = {}
+    for enum in (qc.QuantFormat, qc.ScaleGranularity, qc.ScaleOrigin):
+        out[f"enum.{enum.__name__}"] = np.array([f"{m.name}={m.value}" for m in enum])
+    for cls in (qc.QuantConfig, qc.InputScaleSpec, qc.WeightScaleSpec):
+        out[f"fields.{cls.__name__}"] = np.array([f"{f.name}=" + ("<required>" if f.default is dataclasses.MISSING else repr(f.default)) for f in dataclasses.fields(cls)])
     for name, ctor in CONFIGS.items():
         out[f"keys.{name}"] = np.array(sorted(eval(ctor, env).raw_state_dict()))
 
