@@ -384,6 +384,8 @@ def test_errors_are_maxs():
         nn.FusedMLP(F32, 4, 8, [DeviceRef.CPU(0), DeviceRef.CPU(1)])
     with pytest.raises(ValueError, match="clip_weight is not yet supported with stacked=True."):
         nn.StackedLinear(4, [2], ["q"], F32, CPU, stacked=True, clip_weight=1.0)
+    with pytest.raises(NotImplementedError, match=r"Linear\(clip_weight=0.5, quantization_encoding=QuantizationEncoding.Q4_0\)"):
+        nn.Linear(32, 4, F32, CPU, quantization_encoding=QuantizationEncoding.Q4_0, clip_weight=0.5)
     with pytest.raises(NotImplementedError, match=r"linear\(bias=...\)"):
         nl.linear(jnp.ones((1, 4)), jnp.ones((2, 4)), bias=jnp.ones(2))
 

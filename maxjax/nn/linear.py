@@ -129,7 +129,7 @@ class Linear(Module):
 
     Raises:
         NotImplementedError: a ``quant_config`` that is not a supported static float8 config
-            (names the field and value).
+            (names the field and value); ``clip_weight`` with a ``quantization_encoding``.
         ValueError: ``in_dim`` is not a whole number of blocks of ``quantization_encoding``.
     """
 
@@ -163,6 +163,11 @@ class Linear(Module):
                     f"Linear(quantization_encoding={quantization_encoding}, quant_config=...): both at once are not "
                     "supported"
                 )
+        if clip_weight and quantization_encoding is not None:
+            raise NotImplementedError(
+                f"Linear(clip_weight={clip_weight}, quantization_encoding={quantization_encoding}): clipping packed "
+                "blocks is not supported (MAX would clamp the raw bytes)"
+            )
         self.in_dim, self.out_dim = in_dim, out_dim
         self.dtype = dtype
         self.device = device or DeviceRef.CPU()
