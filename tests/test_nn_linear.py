@@ -103,6 +103,7 @@ SIGNATURES = {  # maxjax object -> (inventory module, name)
     "Linear": (nl.Linear, "nn.linear"), "GPTQLinear": (nl.GPTQLinear, "nn.linear"), "MLP": (nl.MLP, "nn.linear"),
     "FusedMLP": (nl.FusedMLP, "nn"), "ColumnParallelLinear": (nl.ColumnParallelLinear, "nn"),
     "linear": (nl.linear, "nn.linear"), "clamp": (nl.clamp, "nn.linear"), "fp4_packed_k": (nl.fp4_packed_k, "nn.linear"),
+    "quantized_matmul": (nl.quantized_matmul, "nn.linear"),
     "ceildiv": (nl.ceildiv, "nn.linear"), "activation_function_from_name": (activation_function_from_name, "nn.linear"),
     "StackedLinear": (sl.StackedLinear, "nn"), "QuantConfig": (qc.QuantConfig, "nn"),
     "InputScaleSpec": (qc.InputScaleSpec, "nn"), "WeightScaleSpec": (qc.WeightScaleSpec, "nn"),

@@ -26,7 +26,7 @@ from maxjax.dtype import DType
 from maxjax.graph import ops
 from maxjax.graph.quantization import QuantizationConfig, QuantizationEncoding
 from maxjax.graph.quantization.gptq import gptq_matmul
-from maxjax.graph.sharding import ShardingStrategy
+from maxjax.graph.sharding import Segment, ShardingStrategy
 from maxjax.graph.type import DeviceRef, Dim
 from maxjax.graph.value import TensorValue
 from maxjax.graph.weight import Weight
@@ -38,7 +38,7 @@ from maxjax.nn.quant_config import QuantConfig, ScaleGranularity, check_supporte
 __all__ = [
     "ColumnParallelLinear", "FusedMLP", "GPTQLinear", "Linear", "MLP", "QuantConfig", "QuantizationConfig",
     "QuantizationEncoding", "ScaleGranularity", "activation_function_from_name", "ceildiv", "clamp", "fp4_packed_k",
-    "linear",
+    "linear", "quantized_matmul", "Segment",
 ]  # fmt: skip
 
 
@@ -91,14 +91,37 @@ def linear(
         y = ops.qmatmul(quantization_encoding, None, xf, weight)
         return y if x.dtype == DType.float32 else y.cast(x.dtype)
     if quant_config is not None:
-        check_supported(quant_config, weight.dtype, "linear")
-        if weight_scale_2 is not None:
-            raise NotImplementedError("linear(weight_scale_2=...): NVFP4 is not supported by maxjax")
-        if input_scale is None or weight_scale is None:
-            missing = "input_scale" if input_scale is None else "weight_scale"
-            raise ValueError(f"linear: a static float8 quant_config needs {missing}, got None")
-        return ops.apply(_static_fp8_matmul, x, weight, input_scale, weight_scale, _name="static_scaled_fp8_matmul")
+        return quantized_matmul(x, weight, weight_scale, input_scale, quant_config, weight_scale_2)
     return x @ weight.T
+
+
+def quantized_matmul(
+    x: Any,
+    weight: Any,
+    weight_scale: Any,
+    input_scale: Any,
+    quant_config: QuantConfig,
+    weight_scale_2: Any = None,
+    bias: Any = None,
+    x_scales: Any = None,
+) -> Any:
+    """``x @ weight.T`` for a scaled-quantized weight (MAX's ``max.nn.quant_ops.quantized_matmul``,
+    which ``max.nn.linear`` re-exports): ``x [..., K]``, float8 ``weight [N, K]``, ``input_scale``
+    ``[]``, ``weight_scale`` ``[]`` or ``[N, 1]`` -> bfloat16 ``[..., N]`` (module docstring).
+
+    Raises:
+        NotImplementedError: a ``quant_config`` maxjax does not compute (named), ``weight_scale_2``
+            (NVFP4), ``bias`` (MAX's int8 W8A8 epilogue) or ``x_scales`` (pre-quantized dynamic input).
+        ValueError: ``input_scale`` or ``weight_scale`` is None.
+    """
+    check_supported(quant_config, weight.dtype, "quantized_matmul")
+    for arg, value in (("weight_scale_2", weight_scale_2), ("bias", bias), ("x_scales", x_scales)):
+        if value is not None:
+            raise NotImplementedError(f"quantized_matmul({arg}=...): not supported by maxjax's static float8 matmul")
+    if input_scale is None or weight_scale is None:
+        missing = "input_scale" if input_scale is None else "weight_scale"
+        raise ValueError(f"quantized_matmul: a static float8 quant_config needs {missing}, got None")
+    return ops.apply(_static_fp8_matmul, x, weight, input_scale, weight_scale, _name="static_scaled_fp8_matmul")
 
 
 class Linear(Module):
