@@ -16,8 +16,14 @@ Layout (AutoGPTQ's, which GPTQ safetensors checkpoints and MAX 26.7's ``GPTQLine
   ``j`` of the permuted weight then being in group ``j // group_size`` (MAX's
   ``GPTQ_gpu_repack_b4_g128_desc_act``).
 
-Sources: AutoGPTQ ``qlinear`` pack/unpack; MAX 26.7 ``max/nn/linear.py`` (``GPTQLinear``),
-``max/graph/ops/quantized.py`` and ``max/pipelines/architectures/llama3/weight_adapters.py``.
+Sources: AutoGPTQ ``auto_gptq/nn_modules/qlinear/qlinear_cuda_old.py`` (``QuantLinear.pack``:
+``qweight[row] |= intweight[j] << (bits * (j - i))`` for the ``32 // bits`` rows ``j`` of word
+``row``; its ``qzeros`` hold ``zero - 1``, i.e. 7 for symmetric 4-bit, added back on unpacking);
+MAX 26.7 ``max/nn/linear.py`` (``GPTQLinear``), ``max/graph/ops/quantized.py``,
+``max/nn/kernels.py`` (``has_zp_int = 0`` for GPTQ) and
+``max/pipelines/architectures/llama3/weight_adapters.py`` (``g_idx`` -> ``perm_idx``, ``qzeros``
+dropped). MAX 26.7 runs GPTQ only on GPUs (``GPTQ_gpu_repack_b4_g128``), bfloat16 in and out, and
+only ``bits=4, group_size=128``; maxjax takes any ``group_size`` dividing ``in_dim``.
 """
 
 from __future__ import annotations
