@@ -23,7 +23,7 @@ from max_reference import load
 from maxjax import nn
 from maxjax.dtype import DType
 from maxjax.engine import InferenceSession
-from maxjax.graph import DeviceRef, Graph, TensorType
+from maxjax.graph import DeviceRef, Graph, ShardingStrategy, TensorType, ops
 from maxjax.graph.quantization import QuantizationConfig, QuantizationEncoding, perm_idx_from_g_idx
 from maxjax.nn import linear as nl
 from maxjax.nn import quant_config as qc
@@ -271,6 +271,34 @@ def test_float8_mlp_follows_maxs_gate_up_fusion(fused):
     close = np.isclose(actual, expected, rtol=2e-2, atol=1e-3)
     assert close.mean() > 0.85, f"{close.mean():.2f} of the outputs agree"
     np.testing.assert_allclose(actual, expected, rtol=0, atol=2e-2)
+
+
+@pytest.mark.parametrize("granularity", [qc.ScaleGranularity.TENSOR, qc.ScaleGranularity.ROWWISE])
+def test_float8_linear_shards_its_scales_as_max(granularity):
+    """MAX's rule: a ROWWISE weight scale follows a row split of the weight, a TENSOR scale (and the
+    input scale) is shared by every shard."""
+    rng = np.random.default_rng(4)
+    lin = nn.Linear(16, 6, DType.float8_e4m3fn, CPU, quant_config=_fp8_config(granularity))
+    scale_shape = (6, 1) if granularity == qc.ScaleGranularity.ROWWISE else ()
+    lin.load_state_dict({
+        "weight": (rng.standard_normal((6, 16)) * 2).astype(ml_dtypes.float8_e4m3fn),
+        "weight_scale": np.asarray(rng.random(scale_shape) * 0.1 + 0.01, np.float32),
+        "input_scale": np.asarray(0.03, np.float32),
+    })  # fmt: skip
+    lin.sharding_strategy = ShardingStrategy.rowwise(2)
+    shards = lin.shard([DeviceRef.CPU(0), DeviceRef.CPU(1)])
+    for s in shards:
+        assert s.input_scale is lin.input_scale
+        if granularity == qc.ScaleGranularity.TENSOR:
+            assert s.weight_scale is lin.weight_scale
+        else:
+            assert tuple(s.weight_scale.shape) == (3, 1) and s.weight_scale is not lin.weight_scale
+    x = jnp.asarray(rng.standard_normal((2, 16)).astype(np.float32))
+    whole = np.asarray(lin(x), np.float32)
+    parts = [s(ops.transfer_to(x, d)) for s, d in zip(shards, [DeviceRef.CPU(0), DeviceRef.CPU(1)])]
+    assert DeviceRef.from_device(next(iter(parts[1].devices()))) == DeviceRef.CPU(1)
+    parts = np.concatenate([np.asarray(p, np.float32) for p in parts], axis=-1)
+    np.testing.assert_array_equal(parts, whole)
 
 
 @pytest.mark.parametrize(

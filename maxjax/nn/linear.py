@@ -283,9 +283,13 @@ class Linear(Module):
         w = self.weight
         if self.clip_weight:
             w = clamp(w, -self.clip_weight, self.clip_weight)
+        input_scale, weight_scale = self.input_scale, self.weight_scale
+        if self.quant_config is not None:  # the scales live on the CPU (MAX's convention): to x's device
+            device = x.device
+            input_scale = input_scale if input_scale.device == device else input_scale.to(device)
+            weight_scale = weight_scale if weight_scale.device == device else weight_scale.to(device)
         y = linear(
-            x, w, self.weight.quantization_encoding, self.quant_config, self.input_scale, self.weight_scale,
-            self.weight_scale_2,
+            x, w, self.weight.quantization_encoding, self.quant_config, input_scale, weight_scale, self.weight_scale_2
         )  # fmt: skip
         if self.bias is not None:
             b = self.bias
