@@ -108,9 +108,10 @@ SIGNATURES = {  # maxjax object -> (inventory module, name)
     "StackedLinear": (sl.StackedLinear, "nn"), "QuantConfig": (qc.QuantConfig, "nn"),
     "InputScaleSpec": (qc.InputScaleSpec, "nn"), "WeightScaleSpec": (qc.WeightScaleSpec, "nn"),
 }  # fmt: skip
-#: maxjax's one deliberate difference: Linear's ``device`` defaults to None (the CPU), because
-#: maxjax's own tests and examples build ``Linear(4, 3, dtype)``; MAX requires it
-EXTENSIONS = {("Linear", "device"): "None"}
+#: maxjax's deliberate differences: Linear's ``device`` defaults to None and MLP's ``devices`` to
+#: ``()`` (the CPU), because maxjax's own tests and examples build ``Linear(4, 3, dtype)`` and
+#: ``MLP(dtype, enc, 8, 16)``; MAX requires them
+EXTENSIONS = {("Linear", "device"): "None", ("MLP", "devices"): "()"}
 
 
 def _params(sig: str) -> list[tuple[str, str | None]]:

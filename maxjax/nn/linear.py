@@ -445,7 +445,8 @@ class MLP(Module):
     Weight keys ``gate_proj.weight [ffl, hidden]``, ``up_proj.weight [ffl, hidden]``,
     ``down_proj.weight [hidden, ffl]`` (and ``.bias``, scales, as ``linear_cls`` makes them).
 
-    As in MAX, without a ``quantization_encoding`` (and with no ``quant_config``, or one with
+    ``devices``: the first one holds the weights (maxjax also takes none: the CPU; MAX requires
+    it). As in MAX, without a ``quantization_encoding`` (and with no ``quant_config``, or one with
     ``can_use_fused_mlp``) gate and up run as one matmul of the concatenated weights, then split;
     with ``swiglu_limit > 0`` the gate is clamped above at the limit and up to ``+-limit``.
 
@@ -459,7 +460,7 @@ class MLP(Module):
         quantization_encoding: QuantizationEncoding | None,
         hidden_dim: int,
         feed_forward_length: int,
-        devices: Sequence[DeviceRef],
+        devices: Sequence[DeviceRef] = (),
         linear_cls: Callable[..., Linear] = Linear,
         has_bias: bool = False,
         activation_function: str = "silu",
@@ -475,7 +476,7 @@ class MLP(Module):
         self.activation_function = activation_function_from_name(activation_function)
         if not is_sharding:
             common = dict(
-                dtype=dtype, device=devices[0], quantization_encoding=quantization_encoding, has_bias=has_bias,
+                dtype=dtype, device=devices[0] if devices else DeviceRef.CPU(), quantization_encoding=quantization_encoding, has_bias=has_bias,
                 quant_config=quant_config,
             )  # fmt: skip
             self.gate_proj = linear_cls(in_dim=hidden_dim, out_dim=feed_forward_length, **common)
