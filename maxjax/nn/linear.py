@@ -11,9 +11,9 @@ Quantized weights:
   ``matmul_static_scaled_float8``): the input is quantized to the weight's float8 type with
   ``clip(x / input_scale, +-finfo.max)``, multiplied by the float8 weight in float32, and the
   product scaled by ``input_scale * weight_scale``; the result is bfloat16, as MAX's kernel's
-  (the Mojo kernels in modular/modular ``max/kernels/src/Mogg/MOGGKernelAPI``:
-  ``fp8_quantize(x, 1 / scale)`` with clamping, float32 accumulation, epilogue
-  ``acc * (input_scale * weight_scale)``). A ROWWISE ``weight_scale [out_dim, 1]`` scales each
+  (the open-source Mojo registrations of ``mo.quantize_static_scaled_float8`` and
+  ``mo.matmul_static_scaled_float8`` in modular/modular: ``fp8_quantize(x, 1 / scale)`` with
+  clamping, float32 accumulation, epilogue ``acc * (input_scale * weight_scale)``). A ROWWISE ``weight_scale [out_dim, 1]`` scales each
   output column by its row's scale: MAX 26.7's ``Linear`` refuses that with a static input scale
   at graph build (``expected weight_scale to be a scalar, but got shape of [Dim(N), Dim(1)]``)
   though its fused-QKV path computes exactly this; maxjax computes it.
@@ -23,7 +23,6 @@ Quantized weights:
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Iterable, Sequence
 
 import jax.numpy as jnp
