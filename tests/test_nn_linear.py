@@ -9,9 +9,7 @@ graph fails to compile), so those are checked against NumPy written from the pub
 from __future__ import annotations
 
 import inspect
-import json
 import re
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -95,18 +93,15 @@ def test_stacked_keeps_its_attribute_name_when_nested():
     assert not nn.StackedLinear(IN, [4], ["q"], F32, CPU, stacked=True)._omit_module_attr_name
 
 
-# -- signatures and types (MAX 26.7's inventory) ------------------------------------------------
-INVENTORY = json.loads(Path("/work/shared/max-26.7-inventory.json").read_text()) if Path(
-    "/work/shared/max-26.7-inventory.json"
-).exists() else None
-SIGNATURES = {  # maxjax object -> (inventory module, name)
-    "Linear": (nl.Linear, "nn.linear"), "GPTQLinear": (nl.GPTQLinear, "nn.linear"), "MLP": (nl.MLP, "nn.linear"),
-    "FusedMLP": (nl.FusedMLP, "nn"), "ColumnParallelLinear": (nl.ColumnParallelLinear, "nn"),
-    "linear": (nl.linear, "nn.linear"), "clamp": (nl.clamp, "nn.linear"), "fp4_packed_k": (nl.fp4_packed_k, "nn.linear"),
-    "quantized_matmul": (nl.quantized_matmul, "nn.linear"),
-    "ceildiv": (nl.ceildiv, "nn.linear"), "activation_function_from_name": (activation_function_from_name, "nn.linear"),
-    "StackedLinear": (sl.StackedLinear, "nn"), "QuantConfig": (qc.QuantConfig, "nn"),
-    "InputScaleSpec": (qc.InputScaleSpec, "nn"), "WeightScaleSpec": (qc.WeightScaleSpec, "nn"),
+# -- signatures and types (MAX 26.7's, recorded by the reference script) ---------------------
+SIGNATURES = {  # name in the reference -> the maxjax object
+    "Linear": nl.Linear, "GPTQLinear": nl.GPTQLinear, "MLP": nl.MLP, "FusedMLP": nl.FusedMLP,
+    "ColumnParallelLinear": nl.ColumnParallelLinear, "linear": nl.linear, "clamp": nl.clamp,
+    "fp4_packed_k": nl.fp4_packed_k, "ceildiv": nl.ceildiv, "quantized_matmul": nl.quantized_matmul,
+    "activation_function_from_name": activation_function_from_name, "StackedLinear": sl.StackedLinear,
+    "QuantConfig": qc.QuantConfig, "InputScaleSpec": qc.InputScaleSpec, "WeightScaleSpec": qc.WeightScaleSpec,
+    "QuantConfig.blockscaled_fp8": qc.QuantConfig.blockscaled_fp8, "QuantConfig.mxfp4": qc.QuantConfig.mxfp4,
+    "QuantConfig.nvfp4": qc.QuantConfig.nvfp4,
 }  # fmt: skip
 #: maxjax's deliberate differences: Linear's ``device`` defaults to None and MLP's ``devices`` to
 #: ``()`` (the CPU), because maxjax's own tests and examples build ``Linear(4, 3, dtype)`` and
@@ -115,8 +110,9 @@ EXTENSIONS = {("Linear", "device"): "None", ("MLP", "devices"): "()"}
 
 
 def _params(sig: str) -> list[tuple[str, str | None]]:
-    """``(name, default source)`` of each parameter of an inventory signature string."""
-    body = sig[sig.index("(") + 1 : sig.rindex(")")]
+    """``(name, default source)`` of each parameter of a signature string (``*`` and ``/``
+    markers kept as parameters named ``*`` and ``/``)."""
+    body = sig[sig.index("(") + 1 : sig.rindex(")", 0, sig.rindex("->") if "->" in sig else len(sig))]
     parts, depth, cur = [], 0, ""
     for ch in body:
         if ch in "([{<":
@@ -133,7 +129,7 @@ def _params(sig: str) -> list[tuple[str, str | None]]:
     for p in parts:
         if not p or p == "self":
             continue
-        name = re.match(r"[*\w]+", p).group(0)
+        name = re.match(r"[*/\w]+", p).group(0)
         default = p.split(" = ", 1)[1] if " = " in p else None
         out.append((name, default))
     return out
@@ -141,22 +137,22 @@ def _params(sig: str) -> list[tuple[str, str | None]]:
 
 @pytest.mark.parametrize("name", sorted(SIGNATURES))
 def test_signature_is_maxs(name):
-    obj, module = SIGNATURES[name]
-    expected = _params(INVENTORY[module][name])
-    sig = inspect.signature(obj)
-    actual = []
-    for p in sig.parameters.values():
+    expected = [(n, EXTENSIONS.get((name, n), d)) for n, d in _params(str(REF[f"sig.{name}"]))]
+    actual, star_seen = [], False
+    for p in inspect.signature(SIGNATURES[name]).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and not star_seen:
+            actual.append(("*", None))
+        star_seen = star_seen or p.kind in (p.KEYWORD_ONLY, p.VAR_POSITIONAL)
         star = "**" if p.kind is p.VAR_KEYWORD else "*" if p.kind is p.VAR_POSITIONAL else ""
         if p.default is inspect.Parameter.empty:
             default = None
         elif isinstance(p.default, type):
             default = f"<class '{p.default.__module__.replace('maxjax.', 'max.')}.{p.default.__qualname__}'>"
         elif isinstance(p.default, DType):
-            default = f"<DType.{p.default.name}: {p.default.value}>"
+            default = p.default.name  # MAX's DType repr in a signature: ``float32``
         else:
             default = repr(p.default)
         actual.append((star + p.name, EXTENSIONS.get((name, p.name), default) if default is not None else None))
-    expected = [(n, EXTENSIONS.get((name, n), d)) for n, d in expected]
     assert actual == expected
 
 

@@ -9,6 +9,7 @@ weights have distinct names. Keys written:
 - ``keys.<layer>``: the state_dict keys of the layer built alone (its own root), sorted.
 - ``enum.<Enum>``: ``NAME=value`` of each member of the ``max.nn.quant_config`` enums.
 - ``fields.<dataclass>``: ``name=default`` of each field of the quant_config dataclasses.
+- ``sig.<name>``: ``str(inspect.signature(...))`` of MAX's public callables of these modules.
 
 GPTQLinear and float8 ``quant_config`` Linear are not here: MAX 26.7 compiles them only for GPUs
 (``GPTQ_gpu_repack_b4_g128`` and ``mo.quantize_static_scaled_float8`` assert ``is_gpu``), so on
@@ -53,8 +54,24 @@ def build() -> dict[str, np.ndarray]:
 
     from max.nn import quant_config as qc
 
+    import inspect
+
+    from max.nn import linear as ml
+    from max.nn import stacked_linear as msl
+
     rng = np.random.default_rng(21)
     out: dict[str, np.ndarray] = {}
+    public = {
+        "Linear": ml.Linear, "GPTQLinear": ml.GPTQLinear, "MLP": ml.MLP, "FusedMLP": ml.FusedMLP,
+        "ColumnParallelLinear": ml.ColumnParallelLinear, "linear": ml.linear, "clamp": ml.clamp,
+        "fp4_packed_k": ml.fp4_packed_k, "ceildiv": ml.ceildiv, "quantized_matmul": ml.quantized_matmul,
+        "activation_function_from_name": ml.activation_function_from_name, "StackedLinear": msl.StackedLinear,
+        "QuantConfig": qc.QuantConfig, "InputScaleSpec": qc.InputScaleSpec, "WeightScaleSpec": qc.WeightScaleSpec,
+        "QuantConfig.blockscaled_fp8": qc.QuantConfig.blockscaled_fp8, "QuantConfig.mxfp4": qc.QuantConfig.mxfp4,
+        "QuantConfig.nvfp4": qc.QuantConfig.nvfp4,
+    }  # fmt: skip
+    for name, obj in public.items():
+        out[f"sig.{name}"] = np.array(str(inspect.signature(obj)))
     for enum in (qc.QuantFormat, qc.ScaleGranularity, qc.ScaleOrigin):
         out[f"enum.{enum.__name__}"] = np.array([f"{m.name}={m.value}" for m in enum])
     for cls in (qc.QuantConfig, qc.InputScaleSpec, qc.WeightScaleSpec):
