@@ -436,8 +436,31 @@ def test_column_parallel_linear_gathers_every_devices_rows():
     outs = model.execute(x, x, *signals.buffers())
     for o in outs:
         np.testing.assert_allclose(o.to_numpy(), x @ w.T + b, rtol=1e-5, atol=1e-6)
+    eager = cpl([ops.transfer_to(jnp.asarray(x), d) for d in devices], signals.buffers())  # eager mode
+    for o, d in zip(eager, devices):
+        assert DeviceRef.from_device(next(iter(o.devices()))) == d
+        np.testing.assert_allclose(np.asarray(o), x @ w.T + b, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="ColumnParallelLinear requires a non-empty devices argument"):
         nn.ColumnParallelLinear(8, 5, F32, [])
+
+
+@pytest.mark.parametrize("name", ["qkv_unfused", "qkv_stacked"])
+def test_stacked_linear_shards_give_maxs_output_in_pieces(name):
+    """Row-split StackedLinear (MAX's ``shard``): device i computes rows i of every projection
+    (unfused) or of the stored weight (stacked); both reassemble MAX's output."""
+    m = _loaded(name)
+    m.sharding_strategy = ShardingStrategy.rowwise(2)
+    devices = [DeviceRef.CPU(0), DeviceRef.CPU(1)]
+    shards = m.shard(devices)
+    assert [s._out_dims for s in shards] == [[2, 1, 1]] * 2
+    x, expected = REF["x"], REF[f"out.{name}"]
+    outs = [np.asarray(s(ops.transfer_to(jnp.asarray(x), d))) for s, d in zip(shards, devices)]
+    if name == "qkv_stacked":  # the stored [8, 8] weight split in rows 0-3 and 4-7
+        np.testing.assert_allclose(np.concatenate(outs, -1), expected, rtol=1e-5, atol=1e-6)
+    else:  # each of q [4], k [2], v [2] split in halves
+        pieces = [np.split(o, [2, 3], axis=-1) for o in outs]
+        whole = np.concatenate([np.concatenate([p[j] for p in pieces], -1) for j in range(3)], -1)
+        np.testing.assert_allclose(whole, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_errors_are_maxs():
