@@ -6,6 +6,10 @@ from maxjax.nn.embedding import Embedding
 from maxjax.nn.functional import abstract_state, functional_call, state
 from maxjax.nn.layer import HookHandle, Layer, LayerList, LayerV2, LoadStateDictResult, Module, Sequential
 from maxjax.nn.linear import MLP, Linear
+from maxjax.nn.linear import ColumnParallelLinear, FusedMLP, GPTQLinear
+from maxjax.nn.stacked_linear import StackedLinear
+from maxjax.nn.clamp import clamp
+from maxjax.nn.quant_config import InputScaleSpec, QuantConfig, QuantFormat, ScaleGranularity, ScaleOrigin, WeightScaleSpec
 from maxjax.nn.norm import LayerNorm, RMSNorm
 from maxjax.nn.rotary_embedding import RotaryEmbedding
 from maxjax.nn.transformer import ReturnHiddenStates, ReturnLogits, Transformer, TransformerBlock
@@ -18,4 +22,6 @@ __all__ = [
     "ReturnLogits", "Transformer", "RotaryEmbedding", "Signals", "TransformerBlock",
     "Embedding", "HookHandle", "Layer", "LayerList", "LayerNorm", "LayerV2", "Linear", "LoadStateDictResult",
     "MLP", "Module", "RMSNorm", "Sequential", "abstract_state", "functional_call", "init", "state",
+    "ColumnParallelLinear", "FusedMLP", "GPTQLinear", "StackedLinear", "clamp", "InputScaleSpec", "QuantConfig",
+    "QuantFormat", "ScaleGranularity", "ScaleOrigin", "WeightScaleSpec",
 ]  # fmt: skip

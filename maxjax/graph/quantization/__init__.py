@@ -24,6 +24,7 @@ from maxjax.graph.quantization.arrays import (
     to_layout,
 )
 from maxjax.graph.quantization.blocks import dequantize
+from maxjax.graph.quantization.gptq import dequantize_gptq, gptq_matmul, perm_idx_from_g_idx
 from maxjax.graph.quantization.encoding import (
     GGUF_ENCODINGS,
     BlockParameters,
@@ -50,4 +51,7 @@ __all__ = [
     "register_encoding",
     "stored_class",
     "to_layout",
+    "dequantize_gptq",
+    "gptq_matmul",
+    "perm_idx_from_g_idx",
 ]
