@@ -9,10 +9,14 @@ from maxjax.nn.linear import MLP, Linear
 from maxjax.nn.norm import LayerNorm, RMSNorm
 from maxjax.nn.rotary_embedding import RotaryEmbedding
 from maxjax.nn.transformer import TransformerBlock
+from maxjax.nn.identity import Identity
+from maxjax.nn.layer import MissingLayer, Shardable
+from maxjax.nn.sequential import Sequential
 from maxjax.nn import init  # noqa: E402  (initializers: nn.init.initialize(module, key))
 
 __all__ = [
     "Allreduce", "AttentionWithRope", "RotaryEmbedding", "Signals", "TransformerBlock",
     "Embedding", "HookHandle", "Layer", "LayerList", "LayerNorm", "LayerV2", "Linear", "LoadStateDictResult",
     "MLP", "Module", "RMSNorm", "Sequential", "abstract_state", "functional_call", "init", "state",
+    "Identity", "MissingLayer", "Shardable",
 ]  # fmt: skip
