@@ -75,10 +75,10 @@ REASONS: dict[str, str] = {
             "QuantFormat ScaleGranularity ScaleOrigin", _QUANT, "nn"),
     **_each("KVCacheInputs KVCacheMetrics KVCacheParams build_max_lengths_tensors RaggedAttention LatentAttentionWithRope",
             _KV, "nn"),
-    **_each("RejectionSampler RejectionSamplerWithResiduals", _SPEC, "nn"),
+    **_each("RejectionSamplerWithResiduals", _SPEC, "nn"),
     **_each("clamp ConstantLayerNorm Conv1D Conv2d Conv3D ConvTranspose1d DynamicRotaryEmbedding FusedMLP GroupNorm "
             "HyperConnection LinearScalingParams Llama3RopeScalingParams Llama3RotaryEmbedding LongRoPERotaryEmbedding "
-            "LongRoPEScalingParams MinPSampler MoE MoEGate MultiheadAttention ReturnHiddenStates ReturnLogits StackedLinear "
+            "LongRoPEScalingParams MoE MoEGate MultiheadAttention ReturnHiddenStates ReturnLogits StackedLinear "
             "Transformer WeightNormConvTranspose1d YarnRotaryEmbedding YarnScalingParams", _TODO, "nn"),
     "nn.AttentionWithRope": "maxjax's attention takes n_heads / n_kv_heads / head_dim and no KV-cache params (dense cache passed to __call__); MAX's paged-cache form is not built",
     "nn.MLP": "quant_config / swiglu_limit / is_sharding not built yet; **kwargs takes the older linear_cls keywords",
@@ -110,11 +110,9 @@ REASONS: dict[str, str] = {
     **_each("forward_sequential_layers logits_postprocess LogitsPostprocessMixin ReturnHiddenStates ReturnLogits Transformer",
             _TODO, "nn.transformer"),
     "nn.transformer.TransformerBlock": "see max.nn.TransformerBlock",
-    # max.nn.hooks, max.nn.sampling
-    "nn.hooks.PrintHook": _TODO,
-    **_each("RejectionSampler RejectionSamplerWithResiduals AcceptanceSampler stochastic_acceptance_sampler "
-            "synthetic_acceptance_sampler", _SPEC, "nn.sampling"),
-    **_each("MinPSampler LogitPenalties greedy_acceptance_sampler compute_synthetic_acceptance_base_rate", _TODO, "nn.sampling"),
+    # max.nn.sampling
+    **_each("RejectionSamplerWithResiduals AcceptanceSampler stochastic_acceptance_sampler synthetic_acceptance_sampler",
+            _SPEC, "nn.sampling"),
     # max.nn.kv_cache
     **_each("AttnKey AttnKeyInterface BatchCharacteristics build_max_lengths_tensors CacheLeafKind CacheLeafParamInterface "
             "compute_max_seq_len_fitting_in_cache compute_num_device_blocks estimated_memory_size HostStagingAlloc "
@@ -133,19 +131,16 @@ REASONS: dict[str, str] = {
             "set_virtual_cpu_target set_virtual_device_api set_virtual_device_count set_virtual_device_target_arch "
             "SymmetricPool take_launch_trace Usage", _DEV, "driver"),
     **_each("devices_exist DeviceSpec load_max_buffer scan_available_devices", _TODO_OPS.replace("graph.ops", "driver"), "driver"),
-    "driver.Device": "maxjax's Device wraps a jax.Device (jax_device=); MAX's is a native class without a Python signature",
     # max.dtype
     "dtype.finfo": "not built yet (dtype coverage); DType.finfo-style limits come from jnp.finfo",
     # max.engine
     **_each("ArtifactBodyMismatch CompilationStopped CompiledModel CompileOnlyExecutionError CompileOnlyModel DebugConfig "
             "LogLevel MefStore MissingArtifactError PrintStyle read", _ENGINE, "engine"),
-    "engine.Model": "maxjax's Model is built by InferenceSession.load from a jitted Program (program, state, devices)",
     # max.graph
     **_each("BufferType", _BUFFER, "graph"),
     **_each("default_custom_extensions default_custom_extensions_scope GraphBlock GraphDebugConfig KernelLibrary "
             "ProfileScopeColor Type DevicePlacementPolicy", _MLIR, "graph"),
     "graph.AlgebraicDim": "maxjax's AlgebraicDim holds a symbolic expression (expr=) where MAX's holds an MLIR attribute (attr=)",
-    "graph.Graph": "maxjax adds private _parent / _weight_prefix for subgraphs",
     # max.graph.ops
     **_each("buffer_create buffer_load buffer_store buffer_store_slice", _BUFFER, "graph.ops"),
     **_each("custom inplace_custom", _CUSTOM, "graph.ops"),
@@ -319,6 +314,11 @@ def _checkout_dirs() -> list[Path]:
     return out
 
 
+def stale_reasons(rows: list[Row]) -> list[str]:
+    """REASONS keys (exact ``module.Name`` ones) for names now present with MAX's parameters."""
+    return [f"{r.module}.{r.name}" for r in rows if r.status == "present" and f"{r.module}.{r.name}" in REASONS]
+
+
 def load_inventory(path: Path | None = None) -> dict[str, dict[str, str]]:
     """The inventory dict; default path ``../shared/`` beside the repo, then ``shared/`` in it.
 
@@ -404,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     for module, (have, total) in counts(rows).items():
         print(f"max.{module}: {have} of {total} present", file=sys.stderr)
     unexplained = [f"{r.module}.{r.name} ({r.status})" for r in rows if not r.has_reason]
+    for key in stale_reasons(rows):
+        print(f"stale reason in REASONS: {key} is present with MAX's parameter names", file=sys.stderr)
     if unexplained:
         print("no reason in REASONS for: " + ", ".join(unexplained), file=sys.stderr)
     if args.write:

@@ -72,6 +72,11 @@ def test_reasons_name_real_inventory_entries(inventory):
     assert not unknown, f"REASONS keys that name nothing in the inventory: {unknown}"
 
 
+def test_no_stale_reasons(rows):
+    stale = table.stale_reasons(rows)
+    assert not stale, f"names present with MAX's parameters still have a reason in REASONS (delete it): {stale}"
+
+
 def test_layer_package_matches_max(rows):
     layer = {r.name: r.status for r in rows if r.module == "nn.layer"}
     assert layer == {n: "present" for n in ("Layer", "LayerList", "MissingLayer", "Module", "Shardable", "add_layer_hook", "clear_hooks")}
