@@ -75,7 +75,6 @@ REASONS: dict[str, str] = {
             "QuantFormat ScaleGranularity ScaleOrigin", _QUANT, "nn"),
     **_each("KVCacheInputs KVCacheMetrics KVCacheParams build_max_lengths_tensors RaggedAttention LatentAttentionWithRope",
             _KV, "nn"),
-    **_each("RejectionSamplerWithResiduals", _SPEC, "nn"),
     **_each("clamp ConstantLayerNorm Conv1D Conv2d Conv3D ConvTranspose1d DynamicRotaryEmbedding FusedMLP GroupNorm "
             "HyperConnection LinearScalingParams Llama3RopeScalingParams Llama3RotaryEmbedding LongRoPERotaryEmbedding "
             "LongRoPEScalingParams MoE MoEGate MultiheadAttention ReturnHiddenStates ReturnLogits StackedLinear "
@@ -111,8 +110,7 @@ REASONS: dict[str, str] = {
             _TODO, "nn.transformer"),
     "nn.transformer.TransformerBlock": "see max.nn.TransformerBlock",
     # max.nn.sampling
-    **_each("RejectionSamplerWithResiduals AcceptanceSampler stochastic_acceptance_sampler synthetic_acceptance_sampler",
-            _SPEC, "nn.sampling"),
+    "nn.sampling.stochastic_acceptance_sampler": _SPEC,
     # max.nn.kv_cache
     **_each("AttnKey AttnKeyInterface BatchCharacteristics build_max_lengths_tensors CacheLeafKind CacheLeafParamInterface "
             "compute_max_seq_len_fitting_in_cache compute_num_device_blocks estimated_memory_size HostStagingAlloc "

@@ -259,3 +259,48 @@ def test_logit_penalties_three_modes():
 def test_compute_synthetic_acceptance_base_rate():
     got = [compute_synthetic_acceptance_base_rate(p, int(n)) for p, n in REF["base_rate_in"]]
     np.testing.assert_array_equal(got, REF["base_rate"])
+
+
+def test_rejection_sampler_with_residuals_given_uniforms_three_modes():
+    from maxjax.nn.sampling import RejectionSamplerWithResiduals
+
+    s = RejectionSamplerWithResiduals(CPU)
+    args = [REF["res_draft"].astype(np.int32), REF["res_draft_logit"], REF["res_target"], REF["res_offsets"].astype(np.int32),
+            REF["res_all_draft"], REF["res_seed"].astype(np.uint32), REF["res_rejection_rand"], REF["res_residual_rand"]]
+    # where draft and target distributions are equal, max(p - q, tiny) is rounding noise and its
+    # argmax is arbitrary (in MAX too): compare the recovered tokens where p - q is not
+    sm = lambda x: np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)
+    p = sm(REF["res_target"].reshape(3, 5, -1)[:, :4].astype(np.float64))
+    q = sm(REF["res_all_draft"].transpose(1, 0, 2).astype(np.float64))
+    informative = (p - q).max(-1) > 1e-3  # [batch, steps]
+    assert informative.sum() >= 5
+    for mode, (first, recovered, bonus) in _three_modes(lambda *a: s(*a[:6], rejection_rand=a[6], residual_rand=a[7]), args).items():
+        np.testing.assert_array_equal(first, REF["res_first"], err_msg=mode)  # the accept mask from the given uniforms
+        np.testing.assert_array_equal(recovered[informative], REF["res_recovered"][informative], err_msg=mode)
+        np.testing.assert_array_equal(bonus, REF["res_bonus"], err_msg=mode)
+    first, recovered, bonus = s(*[jnp.asarray(a) for a in args[:6]])  # uniforms drawn, keyed by the seed
+    again = s(*[jnp.asarray(a) for a in args[:6]])
+    assert all((np.asarray(x) == np.asarray(y)).all() for x, y in zip((first, recovered, bonus), again))
+    np.testing.assert_array_equal(bonus, REF["res_bonus"])  # top_k=1: the argmax either way
+
+
+def test_synthetic_acceptance_at_rates_0_and_1_and_acceptance_sampler():
+    from maxjax.nn.sampling import AcceptanceSampler, synthetic_acceptance_sampler
+
+    d, t, seed = REF["res_draft"].astype(np.int32), REF["res_target"], REF["res_seed"].astype(np.uint32)
+    for rate, tag in ((0.0, "syn0"), (1.0, "syn1")):
+        fn = lambda d, t, s, rate=rate: synthetic_acceptance_sampler(d, t, rate, 4, s)
+        for mode, out in _three_modes(fn, [d, t, seed]).items():
+            for got, key in zip(out, ("first", "recovered", "bonus")):
+                np.testing.assert_array_equal(got, REF[f"{tag}_{key}"], err_msg=f"{mode} {tag}_{key}")
+    acc = AcceptanceSampler(synthetic_acceptance_rate=1.0, num_draft_steps=4)
+    assert acc.acceptance_rule == "synthetic"
+    for got, key in zip(acc(jnp.asarray(d), jnp.asarray(t), seed=jnp.asarray(seed)), ("first", "recovered", "bonus")):
+        np.testing.assert_array_equal(got, REF[f"acc_{key}"])
+    assert AcceptanceSampler().acceptance_rule == "greedy"
+    with pytest.raises(NotImplementedError, match="use_stochastic=True is not supported"):
+        AcceptanceSampler(use_stochastic=True)
+    with pytest.raises(ValueError, match="vocab_size is required when draft_proposal='sampled'"):
+        AcceptanceSampler(draft_proposal="sampled")
+    with pytest.raises(NotImplementedError, match="temperature given"):
+        synthetic_acceptance_sampler(d, t, 0.5, 4, seed, temperature=np.ones(3, np.float32))

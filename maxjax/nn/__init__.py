@@ -12,7 +12,7 @@ from maxjax.nn.transformer import TransformerBlock
 from maxjax.nn.identity import Identity
 from maxjax.nn.layer import MissingLayer, Shardable
 from maxjax.nn.sequential import Sequential
-from maxjax.nn.sampling import MinPSampler, RejectionSampler
+from maxjax.nn.sampling import MinPSampler, RejectionSampler, RejectionSamplerWithResiduals
 from maxjax.nn import hooks, sampling  # noqa: E402  (max.nn.hooks, max.nn.sampling)
 from maxjax.nn import init  # noqa: E402  (initializers: nn.init.initialize(module, key))
 
@@ -20,5 +20,5 @@ __all__ = [
     "Allreduce", "AttentionWithRope", "RotaryEmbedding", "Signals", "TransformerBlock",
     "Embedding", "HookHandle", "Layer", "LayerList", "LayerNorm", "LayerV2", "Linear", "LoadStateDictResult",
     "MLP", "Module", "RMSNorm", "Sequential", "abstract_state", "functional_call", "init", "state",
-    "Identity", "MissingLayer", "Shardable", "MinPSampler", "RejectionSampler",
+    "Identity", "MissingLayer", "Shardable", "MinPSampler", "RejectionSampler", "RejectionSamplerWithResiduals",
 ]  # fmt: skip

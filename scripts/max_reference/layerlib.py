@@ -7,6 +7,9 @@
 - ``minp_*``: ``MinPSampler`` with ``min_p=1.0`` (only the most likely token survives).
 - ``pen_*``: ``LogitPenalties.apply`` (presence/frequency penalties over a CSR of counts).
 - ``base_rate``: ``compute_synthetic_acceptance_base_rate`` on a grid.
+- ``res_*``: ``RejectionSamplerWithResiduals`` with given acceptance and residual uniforms.
+- ``syn0_*``, ``syn1_*``, ``acc_*``: ``synthetic_acceptance_sampler`` at rates 0 and 1 and
+  ``AcceptanceSampler(synthetic_acceptance_rate=1.0)`` (no randomness left at those rates).
 """
 
 from __future__ import annotations
@@ -167,6 +170,54 @@ def _sampling_reference(out: dict) -> None:
     )
 
 
+def _residual_reference(out: dict) -> None:
+    """``RejectionSamplerWithResiduals`` with given uniforms (accept mask and residual draw fixed)
+    and ``synthetic_acceptance_sampler`` at rates 0 and 1 (no randomness left)."""
+    from max.dtype import DType
+    from max.engine import InferenceSession
+    from max.graph import DeviceRef, Graph, TensorType
+    from max.nn.sampling import AcceptanceSampler, RejectionSamplerWithResiduals, synthetic_acceptance_sampler
+
+    rng = np.random.default_rng(5)
+    batch, steps, vocab = 3, 4, 12
+    cpu = DeviceRef.CPU()
+    target = (rng.standard_normal((batch * (steps + 1), vocab)) * 2).astype(np.float32)
+    all_draft = (rng.standard_normal((steps, batch, vocab)) * 2).astype(np.float32)
+    t3 = target.reshape(batch, steps + 1, vocab)
+    all_draft[:, 1] = t3[1, :steps]  # row 1 drafts with the target's own distribution: all accepted
+    all_draft[:2, 2] = t3[2, :2] + 0.05  # row 2: close for two steps, then its own
+    draft = np.ascontiguousarray(all_draft.argmax(-1).T.astype(np.int64))  # [batch, steps]: the draft's own argmax
+    draft_logit = np.ascontiguousarray(np.take_along_axis(all_draft.transpose(1, 0, 2), draft[..., None], -1)[..., 0])
+    offsets = np.arange(0, batch * (steps + 1) + 1, steps + 1, dtype=np.int64)
+    seed = np.array([11], np.uint64)
+    rejection_rand = rng.uniform(size=(batch, steps)).astype(np.float32)
+    rejection_rand[0, 0] = 1e-3  # row 0: a tiny uniform accepts even an unlikely first draft
+    residual_rand = rng.uniform(size=(batch, steps, vocab)).astype(np.float32)
+    types = [
+        TensorType(DType.int64, ["batch_size", "num_steps"], cpu), TensorType(DType.float32, ["batch_size", "num_steps"], cpu),
+        TensorType(DType.float32, ["rows", "vocab_size"], cpu), TensorType(DType.int64, ["offsets"], cpu),
+        TensorType(DType.float32, ["num_steps", "batch_size", "vocab_size"], cpu), TensorType(DType.uint64, [1], cpu),
+        TensorType(DType.float32, ["batch_size", "num_steps"], cpu),
+        TensorType(DType.float32, ["batch_size", "num_steps", "vocab_size"], cpu),
+    ]
+    with Graph("residuals", input_types=types) as g:
+        d, dl, t, off, ad, sd, rr, rs = (v.tensor for v in g.inputs)
+        res = RejectionSamplerWithResiduals(cpu)(d, dl, t, off, ad, sd, rejection_rand=rr, residual_rand=rs)
+        s0 = synthetic_acceptance_sampler(d, t, 0.0, steps, sd)
+        s1 = synthetic_acceptance_sampler(d, t, 1.0, steps, sd)
+        ac = AcceptanceSampler(synthetic_acceptance_rate=1.0, num_draft_steps=steps)(d, t, seed=sd)
+        g.output(*res, *s0, *s1, *ac)
+    r = [x.to_numpy() for x in InferenceSession().load(g).execute(draft, draft_logit, target, offsets, all_draft, seed,
+                                                                    rejection_rand, residual_rand)]
+    out.update(
+        res_target=target, res_all_draft=all_draft, res_draft=draft, res_draft_logit=draft_logit, res_offsets=offsets,
+        res_seed=seed, res_rejection_rand=rejection_rand, res_residual_rand=residual_rand,
+        res_first=r[0], res_recovered=r[1], res_bonus=r[2],
+        syn0_first=r[3], syn0_recovered=r[4], syn0_bonus=r[5], syn1_first=r[6], syn1_recovered=r[7], syn1_bonus=r[8],
+        acc_first=r[9], acc_recovered=r[10], acc_bonus=r[11],
+    )
+
+
 def build() -> dict[str, np.ndarray]:
     from max.nn.sampling import compute_synthetic_acceptance_base_rate
 
@@ -175,5 +226,6 @@ def build() -> dict[str, np.ndarray]:
     out["base_rate_in"] = np.array(grid, np.float64)
     out["base_rate"] = np.array([compute_synthetic_acceptance_base_rate(p, int(n)) for p, n in grid])
     _sampling_reference(out)
+    _residual_reference(out)
     _print_reference(out)
     return out

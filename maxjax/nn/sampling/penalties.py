@@ -11,9 +11,16 @@ import jax.numpy as jnp
 from maxjax.dtype import DType
 from maxjax.graph.ops._core import apply
 from maxjax.graph.type import DeviceRef, TensorType
-from maxjax.nn.sampling.rejection_sampler import unpack_bitmask
+__all__ = ["LogitPenalties", "unpack_bitmask"]
 
-__all__ = ["LogitPenalties"]
+
+def unpack_bitmask(packed: Any, vocab: int) -> Any:
+    """Token-kept mask [..., vocab] (bool) of a packed int32 grammar bitmask [..., ceil(vocab/32)]:
+    token ``t`` is kept when bit ``t % 32`` (least significant first) of word ``t // 32`` is set,
+    as MAX's ``apply_packed_bitmask`` reads it."""
+    t = jnp.arange(vocab)
+    words = jnp.take(packed.astype(jnp.int32), t // 32, axis=-1)  # [..., vocab]
+    return ((words >> (t % 32).astype(jnp.int32)) & 1) != 0
 
 
 def _penalty(logits: Any, data: Any, offsets: Any, frequency: Any, presence: Any) -> Any:

@@ -11,7 +11,7 @@ the bonus position), or ragged rows with ``target_logit_offsets`` [batch + 1] fo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -19,17 +19,16 @@ import jax.numpy as jnp
 from maxjax.graph.ops._core import apply
 from maxjax.graph.type import DeviceRef
 from maxjax.nn.layer.layer import Module
+from maxjax.nn.sampling.penalties import LogitPenalties, unpack_bitmask
 
-__all__ = ["RejectionSampler", "compute_synthetic_acceptance_base_rate", "greedy_acceptance_sampler"]
-
-
-def unpack_bitmask(packed: Any, vocab: int) -> Any:
-    """Token-kept mask [..., vocab] (bool) of a packed int32 grammar bitmask [..., ceil(vocab/32)]:
-    token ``t`` is kept when bit ``t % 32`` (least significant first) of word ``t // 32`` is set,
-    as MAX's ``apply_packed_bitmask`` reads it."""
-    t = jnp.arange(vocab)
-    words = jnp.take(packed.astype(jnp.int32), t // 32, axis=-1)  # [..., vocab]
-    return ((words >> (t % 32).astype(jnp.int32)) & 1) != 0
+__all__ = [
+    "AcceptanceSampler",
+    "RejectionSampler",
+    "RejectionSamplerWithResiduals",
+    "compute_synthetic_acceptance_base_rate",
+    "greedy_acceptance_sampler",
+    "synthetic_acceptance_sampler",
+]
 
 
 def _first_true(mask: Any) -> Any:
@@ -162,3 +161,194 @@ def compute_synthetic_acceptance_base_rate(p_avg: float, n: int, tol: float = 1e
         else:
             lo = mid
     return hi
+
+
+def _uniform(seed: Any, shape: tuple, domain: int) -> Any:
+    """Uniform [0, 1) float32 draws of ``shape`` keyed by ``seed``'s first value and ``domain``."""
+    key = jax.random.fold_in(jax.random.key(jnp.reshape(seed, (-1,))[0].astype(jnp.uint32)), domain)
+    return jax.random.uniform(key, shape, jnp.float32)
+
+
+def _residuals(draft: Any, target: Any, offsets: Any, all_draft: Any, seed: Any, rejection_rand: Any, residual_rand: Any, *,
+               eps: float, top_k: int, temperature: float) -> tuple[Any, Any, Any]:
+    batch, steps = draft.shape
+    target_probs = jax.nn.softmax(target.reshape(batch, steps + 1, target.shape[-1])[:, :steps], axis=-1)  # [b, s, V]
+    draft_probs = jax.nn.softmax(jnp.transpose(all_draft, (1, 0, 2)), axis=-1)  # [b, s, V]
+    tok = draft.astype(jnp.int32)[..., None]
+    ratio = jnp.take_along_axis(target_probs, tok, -1)[..., 0] / (jnp.take_along_axis(draft_probs, tok, -1)[..., 0] + eps)
+    if rejection_rand is None:
+        rejection_rand = _uniform(seed, ratio.shape, 1)
+    first = _first_true(rejection_rand >= jnp.minimum(ratio, 1.0))[:, 0]  # [batch]
+    diff = jnp.maximum(target_probs - draft_probs, jnp.finfo(jnp.float32).tiny)
+    recovered_probs = diff / jnp.sum(diff, axis=-1, keepdims=True)  # [b, s, V]: max(p - q, 0) renormalized
+    if residual_rand is None:
+        residual_rand = _uniform(seed, recovered_probs.shape, 2) * (1 - 2 * jnp.finfo(jnp.float32).eps) + jnp.finfo(jnp.float32).eps
+    q = -jnp.log(jnp.maximum(residual_rand, jnp.finfo(jnp.float32).eps))  # exponential noise: argmax(p / q) ~ p
+    recovered = jnp.argmax(recovered_probs / q, axis=-1)  # [b, s]
+    bonus_rows = offsets[1:].astype(jnp.int32) - 1
+    bonus = _topk_sample(target[bonus_rows], seed, top_k=top_k, top_p=1.0, temperature=temperature)
+    return first, recovered, bonus
+
+
+def _residuals_op(d: Any, t: Any, off: Any, ad: Any, sd: Any, *rand: Any, has_rej: bool, has_res: bool, **kw: Any) -> Any:
+    """:func:`_residuals` with the optional uniforms passed positionally (those given)."""
+    it = iter(rand)
+    return _residuals(d, t, off, ad, sd, next(it) if has_rej else None, next(it) if has_res else None, **kw)
+
+
+class RejectionSamplerWithResiduals(Module):
+    """Speculative-decoding rejection sampling with residual recovery (MAX 26.7's
+    ``RejectionSamplerWithResiduals``; Leviathan et al. 2023, Chen et al. 2023).
+
+    Draft token ``x`` at a position is accepted when ``u < min(1, p(x) / (q(x) + eps))``
+    (``p``: target softmax, ``q``: draft softmax, ``u`` uniform); at a rejection the token is
+    drawn from ``max(p - q, 0)`` renormalized (``argmax(probs / -log(v))``, ``v`` uniform). The
+    bonus token comes from the target's last row of each request (argmax at ``top_k=1``).
+
+    ``rejection_rand`` / ``residual_rand`` fix the uniforms (MAX's debug inputs): the result is
+    then MAX's exactly. Without them maxjax draws them with ``jax.random`` keyed by ``seed``
+    (MAX draws from its graph-level generator: same distribution, other numbers).
+
+    Args:
+        device: Where the sampler runs (kept for MAX's signature).
+        top_k: Tokens considered for the bonus token (1: greedy).
+        temperature: Softmax temperature of the bonus token.
+        eps: Added to the draft probability in the acceptance ratio.
+        debug: Kept for MAX's signature (MAX 26.7 does not read it).
+    """
+
+    def __init__(self, device: DeviceRef, top_k: int = 1, temperature: float = 1.0, eps: float = 1e-10, debug: bool = False) -> None:
+        super().__init__()
+        self.device = device
+        self.top_k = top_k
+        self.temperature = temperature
+        self.eps = eps
+        self.debug = debug
+
+    def __call__(self, draft_tokens: Any, draft_logits_for_sampled_tokens: Any, target_logits: Any, target_logit_offsets: Any,
+                 all_draft_logits: Any, seed: Any, rejection_rand: Any = None, residual_rand: Any = None) -> tuple[Any, Any, Any]:
+        """Returns ``(first_rejected_idx [batch], recovered_tokens [batch, num_steps], bonus_tokens [batch, 1])``.
+
+        Args:
+            draft_tokens: [batch, num_steps] integer ids.
+            draft_logits_for_sampled_tokens: [batch, num_steps] (not read, as in MAX 26.7).
+            target_logits: [batch * (num_steps + 1), vocab] float.
+            target_logit_offsets: [batch + 1] integer row offsets (bonus row: ``offsets[i+1] - 1``).
+            all_draft_logits: [num_steps, batch, vocab] float.
+            seed: integer seed tensor keying the draws maxjax makes.
+            rejection_rand: optional [batch, num_steps] uniforms of the acceptance test.
+            residual_rand: optional [batch, num_steps, vocab] uniforms of the residual draw.
+        """
+        tensors = [draft_tokens, target_logits, target_logit_offsets, all_draft_logits, seed]
+        extra = [r for r in (rejection_rand, residual_rand) if r is not None]
+        return apply(_residuals_op, *tensors, *extra, _name="rejection_sampler_with_residuals", has_rej=rejection_rand is not None,
+                     has_res=residual_rand is not None, eps=float(self.eps), top_k=int(self.top_k),
+                     temperature=float(self.temperature))
+
+
+def _synthetic(draft: Any, target: Any, seed: Any, *, rate: float) -> tuple[Any, Any, Any]:
+    _, recovered, bonus = _greedy(draft, target)
+    rejected = _uniform(seed, draft.shape, 3) >= rate  # [batch, steps]
+    first = _first_true(rejected)[:, 0]
+    return first, jnp.where(rejected, recovered, draft.astype(recovered.dtype)), bonus
+
+
+def synthetic_acceptance_sampler(draft_tokens: Any, target_logits: Any, base_acceptance_rate: float, num_draft_steps: int, seed: Any,
+                                 *, temperature: Any = None, top_k: Any = None, max_k: Any = None, top_p: Any = None,
+                                 min_top_p: Any = None) -> tuple[Any, Any, Any]:
+    """Benchmarking acceptance (MAX 26.7's ``synthetic_acceptance_sampler``): each draft position
+    is accepted with probability ``base_acceptance_rate`` (independent uniforms keyed by
+    ``seed``), all positions after the first rejection are rejected; accepted positions keep the
+    draft token, the others and the bonus get the target argmax.
+
+    Rates 0 and 1 are deterministic and give MAX's outputs; other rates draw from the same
+    distribution as MAX with other numbers (``jax.random`` keyed by ``seed``).
+
+    Returns:
+        ``(first_rejected_idx [batch], recovered_tokens [batch, num_steps], bonus_tokens [batch, 1])``.
+
+    Raises:
+        NotImplementedError: sampling parameters given (MAX then recovers with its stochastic
+            sampler, which maxjax does not have).
+    """
+    given = [n for n, v in (("temperature", temperature), ("top_k", top_k), ("max_k", max_k), ("top_p", top_p),
+                            ("min_top_p", min_top_p)) if v is not None]
+    if given:
+        raise NotImplementedError(
+            f"synthetic_acceptance_sampler: {', '.join(given)} given; maxjax recovers with the target argmax only "
+            "(MAX's stochastic recovery is not built): pass no sampling parameters"
+        )
+    return apply(_synthetic, draft_tokens, target_logits, seed, _name="synthetic_acceptance_sampler",
+                 rate=float(base_acceptance_rate))
+
+
+class AcceptanceSampler:
+    """Chooses the acceptance rule of speculative decoding (MAX 26.7's ``AcceptanceSampler``):
+    synthetic when ``synthetic_acceptance_rate`` is set (the per-position rate from
+    :func:`compute_synthetic_acceptance_base_rate`), otherwise greedy.
+
+    Raises:
+        NotImplementedError: ``use_stochastic=True``, ``draft_proposal="sampled"`` or relaxed
+            acceptance (MAX's fused stochastic sampling kernels are not built).
+        ValueError: MAX's argument checks (``vocab_size`` with ``"sampled"``; relaxed with it).
+    """
+
+    def __init__(self, synthetic_acceptance_rate: float | None = None, num_draft_steps: int = 1, use_stochastic: bool = False,
+                 draft_proposal: Literal["argmax", "sampled"] = "argmax", vocab_size: int | None = None,
+                 relaxed_topk: int | None = None, relaxed_delta: float | None = None) -> None:
+        if draft_proposal == "sampled" and vocab_size is None:
+            raise ValueError("vocab_size is required when draft_proposal='sampled'")
+        if draft_proposal == "sampled" and (relaxed_topk is not None or relaxed_delta is not None):
+            raise ValueError(
+                "relaxed acceptance requires draft_proposal='argmax': it accepts a draft token whenever the target ranks "
+                "it near the top, which is only a sound approximation when that token is the draft's own argmax"
+            )
+        for name, value, ok in (("use_stochastic", use_stochastic, False), ("draft_proposal", draft_proposal, "argmax"),
+                                ("relaxed_topk", relaxed_topk, None), ("relaxed_delta", relaxed_delta, None)):
+            if value != ok:
+                raise NotImplementedError(
+                    f"AcceptanceSampler: {name}={value!r} is not supported (maxjax has the greedy and synthetic rules; "
+                    f"supported: {name}={ok!r})"
+                )
+        self._num_draft_steps = num_draft_steps
+        self._use_stochastic = use_stochastic
+        self._draft_proposal = draft_proposal
+        self._vocab_size = vocab_size
+        self._relaxed_topk = relaxed_topk
+        self._relaxed_delta = relaxed_delta
+        self._base_rate: float | None = None
+        if synthetic_acceptance_rate is not None and num_draft_steps > 0:
+            self._base_rate = compute_synthetic_acceptance_base_rate(synthetic_acceptance_rate, num_draft_steps)
+
+    @property
+    def acceptance_rule(self) -> Literal["synthetic", "stochastic", "greedy"]:
+        """The rule :meth:`__call__` uses."""
+        if self._base_rate is not None:
+            return "synthetic"
+        if self._use_stochastic:
+            return "stochastic"
+        return "greedy"
+
+    def __call__(self, draft_tokens: Any, target_logits: Any, *, seed: Any = None, temperature: Any = None, top_k: Any = None,
+                 max_k: Any = None, top_p: Any = None, min_top_p: Any = None, in_thinking_phase: Any = None,
+                 token_bitmasks: Any = None, draft_probs_full: Any = None,
+                 penalties: LogitPenalties | None = None) -> tuple[Any, Any, Any]:
+        """Returns ``(first_rejected_idx, recovered_tokens, bonus_tokens)``; penalties (if any)
+        are subtracted from ``target_logits`` first. Arguments as MAX's; ``seed`` is required by
+        the synthetic rule, the sampling parameters are refused (see
+        :func:`synthetic_acceptance_sampler`), ``draft_probs_full`` is refused (argmax proposals).
+
+        Raises:
+            ValueError: synthetic rule without ``seed``; ``draft_probs_full`` given.
+        """
+        if draft_probs_full is not None:
+            raise ValueError("draft_probs_full is only for draft_proposal='sampled', which this sampler was not built with")
+        if penalties is not None:
+            target_logits = penalties.apply(target_logits)
+        if self._base_rate is not None:
+            if seed is None:
+                raise ValueError("synthetic acceptance requires a seed")
+            return synthetic_acceptance_sampler(draft_tokens, target_logits, base_acceptance_rate=self._base_rate,
+                                                num_draft_steps=self._num_draft_steps, seed=seed, temperature=temperature,
+                                                top_k=top_k, max_k=max_k, top_p=top_p, min_top_p=min_top_p)
+        return greedy_acceptance_sampler(draft_tokens, target_logits, token_bitmasks)
