@@ -201,9 +201,9 @@ def param_names(signature: str) -> list[str] | None:
             continue
         if ch in "'\"":
             quote = ch
-        elif ch in "([{<":
+        elif ch in "([{":
             depth += 1
-        elif ch in ")]}>":
+        elif ch in ")]}":
             depth -= 1
             if depth == 0:
                 end = i

@@ -37,6 +37,7 @@ def test_signature_parsing():
     assert table.param_names(sig) == ["rope", "kv", "linear_cls", "mask", "mode", "*args", "**kwargs"]
     assert table.param_names("(p_avg: float, n: int, tol: float = 1e-09) -> float") == ["p_avg", "n", "tol"]
     assert table.param_names("(self) -> 'None'") == []
+    assert table.param_names("(a: 'int' = (1, 2), b=<f at 0x1>, c: 'Callable[[int], int]' = None) -> 'Iterator[int]'") == ["a", "b", "c"]
     assert table.param_names("?") is None
     assert table.param_names("(self, /, *args, **kwargs)") is None  # generic: presence only
 
