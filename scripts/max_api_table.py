@@ -79,7 +79,7 @@ REASONS: dict[str, str] = {
             "HyperConnection LinearScalingParams Llama3RopeScalingParams Llama3RotaryEmbedding LongRoPERotaryEmbedding "
             "LongRoPEScalingParams MoE MoEGate MultiheadAttention ReturnHiddenStates ReturnLogits StackedLinear "
             "Transformer WeightNormConvTranspose1d YarnRotaryEmbedding YarnScalingParams", _TODO, "nn"),
-    "nn.AttentionWithRope": "maxjax's attention takes n_heads / n_kv_heads / head_dim and no KV-cache params (dense cache passed to __call__); MAX's paged-cache form is not built",
+    "nn.AttentionWithRope": "maxjax's attention takes n_heads / n_kv_heads / head_dim and no KV-cache params (the dense cache is a call argument); MAX's paged-cache form is not built",
     "nn.MLP": "quant_config / swiglu_limit / is_sharding not built yet; **kwargs takes the older linear_cls keywords",
     "nn.RMSNorm": "maxjax adds device= (MAX 26.7 puts the weight on the CPU and has no device argument)",
     "nn.RotaryEmbedding": "maxjax adds device= for the frequency table; MAX's private _freqs_cis cache is internal",
