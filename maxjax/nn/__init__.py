@@ -4,7 +4,7 @@ from maxjax.nn.attention import AttentionWithRope, GGUFQAttentionWithRope, Ragge
 from maxjax.nn.comm import Allreduce, Signals
 from maxjax.nn.embedding import Embedding
 from maxjax.nn.functional import abstract_state, functional_call, state
-from maxjax.nn.layer import HookHandle, Layer, LayerList, LayerV2, LoadStateDictResult, Module, Sequential
+from maxjax.nn.layer import HookHandle, Layer, LayerList, LayerV2, LoadStateDictResult, Module
 from maxjax.nn.linear import MLP, Linear
 from maxjax.nn.linear import ColumnParallelLinear, FusedMLP, GPTQLinear
 from maxjax.nn.stacked_linear import StackedLinear
@@ -14,6 +14,11 @@ from maxjax.nn.norm import LayerNorm, RMSNorm
 from maxjax.nn.rotary_embedding import RotaryEmbedding
 from maxjax.nn.transformer import ReturnHiddenStates, ReturnLogits, Transformer, TransformerBlock
 from maxjax.nn.kv_cache import KVCacheInputs, KVCacheMetrics, KVCacheParams, build_max_lengths_tensors
+from maxjax.nn.identity import Identity
+from maxjax.nn.layer import MissingLayer, Shardable
+from maxjax.nn.sequential import Sequential
+from maxjax.nn.sampling import MinPSampler, RejectionSampler, RejectionSamplerWithResiduals
+from maxjax.nn import hooks, sampling  # noqa: E402  (max.nn.hooks, max.nn.sampling)
 from maxjax.nn import init  # noqa: E402  (initializers: nn.init.initialize(module, key))
 
 __all__ = [
@@ -24,4 +29,5 @@ __all__ = [
     "MLP", "Module", "RMSNorm", "Sequential", "abstract_state", "functional_call", "init", "state",
     "ColumnParallelLinear", "FusedMLP", "GPTQLinear", "StackedLinear", "clamp", "InputScaleSpec", "QuantConfig",
     "QuantFormat", "ScaleGranularity", "ScaleOrigin", "WeightScaleSpec",
+    "Identity", "MissingLayer", "Shardable", "MinPSampler", "RejectionSampler", "RejectionSamplerWithResiduals",
 ]  # fmt: skip

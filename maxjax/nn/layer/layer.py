@@ -1,6 +1,6 @@
-"""``maxjax.nn.layer``: ``Layer``, ``Module``, ``LayerList``, ``Sequential`` and the layer hooks.
+"""``maxjax.nn.layer.layer``: ``Layer``, ``Module``, ``Shardable`` and the layer hooks.
 
-Mirrors MAX 26.7's ``max.nn.layer`` (seeds ``max-nn-Module.txt`` and
+Mirrors MAX 26.7's ``max/nn/layer/layer.py`` (seeds ``max-nn-Module.txt`` and
 ``max-pipelines-nn-layer.txt``):
 
 - ``Module.__setattr__`` registers sub-modules by attribute name and Weights by the Weight's own
@@ -23,7 +23,7 @@ import contextlib
 import difflib
 import functools
 from collections import deque
-from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import jax
 import numpy as np
@@ -41,14 +41,32 @@ __all__ = [
     "Layer",
     "LayerV2",
     "Module",
-    "LayerList",
-    "Sequential",
+    "Shardable",
     "add_layer_hook",
     "clear_hooks",
     "recursive_named_layers",
     "HookHandle",
     "LoadStateDictResult",
 ]
+
+@runtime_checkable
+class Shardable(Protocol):
+    """What a shardable object has (MAX's ``max.nn.layer.Shardable``; ``Linear`` and ``Weight``
+    have it): a ``sharding_strategy`` property with a setter and ``shard(devices)`` returning one
+    copy per device."""
+
+    @property
+    def sharding_strategy(self) -> Any:
+        """The ``ShardingStrategy`` (or None)."""
+        ...
+
+    @sharding_strategy.setter
+    def sharding_strategy(self, strategy: Any) -> None: ...
+
+    def shard(self, devices: Iterable[Any]) -> Sequence[Any]:
+        """One sharded copy per device in ``devices``."""
+        ...
+
 
 # -- hooks ---------------------------------------------------------------------------------------
 
@@ -707,68 +725,3 @@ def recursive_named_layers(parent: Module, prefix: str = "") -> Iterable[tuple[s
         children = list(layer.sublayers.items())
         for child_name, child in reversed(children):
             stack.append((f"{name}.{child_name}" if name else child_name, child))
-
-
-class LayerList(Module):
-    """A list of layers registered as ``"0"``, ``"1"``, ...; calling it chains them (as in MAX).
-
-    ``append``, ``insert`` and ``extend`` register the new layers (MAX 26.7 does not).
-    """
-
-    def __init__(self, layers: Sequence[Module] = ()) -> None:
-        super().__init__()
-        object.__setattr__(self, "layers", [])
-        self.extend(layers)
-
-    def _reregister(self) -> None:
-        for k in [k for k in self._sublayers if k.isdigit()]:
-            del self._sublayers[k]
-            self.__dict__.pop(k, None)
-        for i, layer in enumerate(self.layers):
-            setattr(self, str(i), layer)
-
-    def append(self, layer: Module) -> None:
-        self.layers.append(layer)
-        setattr(self, str(len(self.layers) - 1), layer)
-
-    def extend(self, layers: Iterable[Module]) -> None:
-        for layer in layers if not isinstance(layers, Module) else [layers]:
-            self.append(layer)
-
-    def insert(self, i: int, layer: Module) -> None:
-        self.layers.insert(i, layer)
-        self._reregister()
-
-    def __getitem__(self, i: int) -> Any:
-        if isinstance(i, slice):
-            return self.layers[i]
-        return self.layers[i]
-
-    def __len__(self) -> int:
-        return len(self.layers)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self.layers)
-
-    def shard(self, devices: Sequence[Any]) -> list["LayerList"]:
-        """Per-device LayerLists of each layer's shard ``i``.
-
-        Raises:
-            ValueError: a layer has no sharding strategy.
-        """
-        devices = list(devices)
-        per_layer = [layer.shard(devices) for layer in self.layers]
-        return [type(self)([shards[i] for shards in per_layer]) for i in range(len(devices))]
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Chains the layers: the first gets ``*args, **kwargs``, each next one the previous output."""
-        if not self.layers:
-            return args[0] if len(args) == 1 else args
-        out = self.layers[0](*args, **kwargs)
-        for layer in self.layers[1:]:
-            out = layer(out)
-        return out
-
-
-class Sequential(LayerList):
-    """Layers applied in order (the same as :class:`LayerList` in MAX)."""
