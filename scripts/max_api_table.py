@@ -68,89 +68,51 @@ REASONS: dict[str, str] = {
     **{f"*.{n}": _REEXPORT for n in "DType DeviceRef Dim TensorType TensorValue BufferValue Weight Graph Module Shardable "
        "ShardingStrategy QuantizationEncoding QuantizationConfig Segment Allreduce Operation InterpolationMode".split()},
     # max.nn (and the same names in its submodules)
-    **_each("ColumnParallelLinear DistributedAttentionImpl DistributedTransformer DistributedTransformerBlock "
-            "TensorParallelAttentionWithRope TensorParallelLatentAttentionWithRope VocabParallelEmbedding "
-            "forward_moe_sharded_layers split_batch split_batch_replicated", _MESH, "nn"),
-    **_each("GPTQLinear GPTQAttentionWithRope GGUFQAttentionWithRope MoEQuantized InputScaleSpec WeightScaleSpec QuantConfig "
-            "QuantFormat ScaleGranularity ScaleOrigin", _QUANT, "nn"),
-    **_each("KVCacheInputs KVCacheMetrics KVCacheParams build_max_lengths_tensors RaggedAttention LatentAttentionWithRope",
+    **_each("DistributedAttentionImpl DistributedTransformer DistributedTransformerBlock TensorParallelAttentionWithRope TensorParallelLatentAttentionWithRope VocabParallelEmbedding forward_moe_sharded_layers split_batch split_batch_replicated", _MESH, "nn"),
+    **_each("GPTQAttentionWithRope MoEQuantized", _QUANT, "nn"),
+    **_each("LatentAttentionWithRope",
             _KV, "nn"),
-    **_each("clamp ConstantLayerNorm Conv1D Conv2d Conv3D ConvTranspose1d DynamicRotaryEmbedding FusedMLP GroupNorm "
-            "HyperConnection LinearScalingParams Llama3RopeScalingParams Llama3RotaryEmbedding LongRoPERotaryEmbedding "
-            "LongRoPEScalingParams MoE MoEGate MultiheadAttention ReturnHiddenStates ReturnLogits StackedLinear "
-            "Transformer WeightNormConvTranspose1d YarnRotaryEmbedding YarnScalingParams", _TODO, "nn"),
-    "nn.AttentionWithRope": "maxjax's attention takes n_heads / n_kv_heads / head_dim and no KV-cache params (the dense cache is a call argument); MAX's paged-cache form is not built",
-    "nn.MLP": "quant_config / swiglu_limit / is_sharding not built yet; **kwargs takes the older linear_cls keywords",
+    **_each("ConstantLayerNorm Conv1D Conv2d Conv3D ConvTranspose1d DynamicRotaryEmbedding GroupNorm HyperConnection LinearScalingParams Llama3RopeScalingParams Llama3RotaryEmbedding LongRoPERotaryEmbedding LongRoPEScalingParams MoE MoEGate MultiheadAttention WeightNormConvTranspose1d YarnRotaryEmbedding YarnScalingParams", _TODO, "nn"),
     "nn.RMSNorm": "maxjax adds device= (MAX 26.7 puts the weight on the CPU and has no device argument)",
     "nn.RotaryEmbedding": "maxjax adds device= for the frequency table; MAX's private _freqs_cis cache is internal",
-    "nn.TransformerBlock": "maxjax names the norms input_layernorm / post_attention_layernorm and has no residual_multiplier yet",
     # max.nn.attention
     **_each("DistributedAttentionImpl TensorParallelAttentionWithRope TensorParallelLatentAttentionWithRope num_heads_for_device",
             _MESH, "nn.attention"),
-    **_each("GGUFQAttentionWithRope GPTQAttentionWithRope", _QUANT, "nn.attention"),
-    **_each("LatentAttentionWithRope RaggedAttention", _KV, "nn.attention"),
-    **_each("AttentionMaskVariant MHAMaskVariant MultiheadAttention", _TODO, "nn.attention"),
-    "nn.attention.AttentionWithRope": "see max.nn.AttentionWithRope",
+    **_each("GPTQAttentionWithRope", _QUANT, "nn.attention"),
+    **_each("LatentAttentionWithRope", _KV, "nn.attention"),
+    **_each("MultiheadAttention", _TODO, "nn.attention"),
     # max.nn.conv, embedding, linear, norm, rotary_embedding, transformer
     **_each("Conv1D Conv2d Conv3D FilterLayout", _TODO, "nn.conv"),
     **_each("VocabParallelEmbedding", _MESH, "nn.embedding"),
-    **_each("ColumnParallelLinear", _MESH, "nn.linear"),
-    **_each("GPTQLinear QuantConfig ScaleGranularity quantized_matmul fp4_packed_k", _QUANT, "nn.linear"),
-    **_each("activation_function_from_name ceildiv clamp FusedMLP linear", _TODO, "nn.linear"),
-    "nn.linear.MLP": "see max.nn.MLP",
     **_each("ConstantLayerNorm GroupNorm", _TODO, "nn.norm"),
     "nn.norm.RMSNorm": "see max.nn.RMSNorm",
-    **_each("DeepseekYarnRopeScalingParams DeepseekYarnRotaryEmbedding DynamicRotaryEmbedding LinearScalingParams "
-            "Llama3RopeScalingParams Llama3RotaryEmbedding LongRoPERotaryEmbedding LongRoPEScalingParams YarnRotaryEmbedding "
-            "YarnScalingParams", _TODO, "nn.rotary_embedding"),
+    **_each("DeepseekYarnRopeScalingParams DeepseekYarnRotaryEmbedding DynamicRotaryEmbedding LinearScalingParams Llama3RopeScalingParams Llama3RotaryEmbedding LongRoPERotaryEmbedding LongRoPEScalingParams YarnRotaryEmbedding YarnScalingParams", _TODO, "nn.rotary_embedding"),
     "nn.rotary_embedding.RotaryEmbedding": "see max.nn.RotaryEmbedding",
-    **_each("distributed_logits_postprocess DistributedLogitsPostprocessMixin DistributedTransformer "
-            "DistributedTransformerBlock", _MESH, "nn.transformer"),
-    **_each("forward_sequential_layers logits_postprocess LogitsPostprocessMixin ReturnHiddenStates ReturnLogits Transformer",
+    **_each("distributed_logits_postprocess DistributedLogitsPostprocessMixin DistributedTransformer DistributedTransformerBlock", _MESH, "nn.transformer"),
+    **_each("LogitsPostprocessMixin",
             _TODO, "nn.transformer"),
-    "nn.transformer.TransformerBlock": "see max.nn.TransformerBlock",
     # max.nn.sampling
     "nn.sampling.stochastic_acceptance_sampler": _SPEC,
     # max.nn.kv_cache
-    **_each("AttnKey AttnKeyInterface BatchCharacteristics build_max_lengths_tensors CacheLeafKind CacheLeafParamInterface "
-            "compute_max_seq_len_fitting_in_cache compute_num_device_blocks estimated_memory_size HostStagingAlloc "
-            "KVCacheAssignments KVCacheBuffer KVCacheBufferInterface KVCacheGroupId KVCacheInputs KVCacheInputsPerDevice "
-            "KVCacheMemory KVCacheMetrics KVCacheParamInterface KVCacheParams KVCacheQuantizationConfig "
-            "KVConnectorConfigInterface KVConnectorType KVHashAlgo KVLeafRegion MHAAttnKey MHAKVCacheParams MLAAttnKey "
-            "MLAKVCacheParams MSAAttnKey MSAKVCacheParams MultiKVCacheBuffer MultiKVCacheParams NullKVConnectorConfig "
-            "PACKED_PAGE_STRIDE packed_page_stride padded_lut_cols PagedCacheValues PagedKVLeafRegion recurrent_leaf "
-            "recurrent_leaves RecurrentKVLeafRegion RecurrentLeafInputs RecurrentStateBuffer RecurrentStateInputsPerDevice "
-            "RecurrentStateParams RecurrentStateRegion ScratchKVLeafRegion spec_decode_cache_slack", _KV, "nn.kv_cache"),
+    **_each("AttnKey AttnKeyInterface BatchCharacteristics CacheLeafParamInterface compute_max_seq_len_fitting_in_cache compute_num_device_blocks estimated_memory_size HostStagingAlloc KVCacheAssignments KVCacheBuffer KVCacheBufferInterface KVCacheGroupId KVCacheMemory KVConnectorConfigInterface KVConnectorType KVHashAlgo KVLeafRegion MHAAttnKey MLAAttnKey MLAKVCacheParams MSAAttnKey MSAKVCacheParams MultiKVCacheBuffer MultiKVCacheParams PACKED_PAGE_STRIDE packed_page_stride padded_lut_cols PagedCacheValues PagedKVLeafRegion recurrent_leaf recurrent_leaves RecurrentKVLeafRegion RecurrentLeafInputs RecurrentStateBuffer RecurrentStateInputsPerDevice RecurrentStateParams RecurrentStateRegion ScratchKVLeafRegion spec_decode_cache_slack", _KV, "nn.kv_cache"),
     # max.driver
-    **_each("accelerator_api accelerator_architecture_name batch_inplace_copy begin_launch_trace calculate_virtual_device_count "
-            "calculate_virtual_device_count_from_cli CompletionFlag copy_pinned_to_destinations DeviceEvent DeviceQueue "
-            "enable_all_peer_access get_virtual_cpu_target get_virtual_device_api get_virtual_device_count "
-            "get_virtual_device_target_arch HostHazardError is_virtual_device_mode launch_trace LaunchTraceEntry "
-            "set_virtual_cpu_target set_virtual_device_api set_virtual_device_count set_virtual_device_target_arch "
-            "SymmetricPool take_launch_trace Usage", _DEV, "driver"),
+    **_each("accelerator_api accelerator_architecture_name batch_inplace_copy begin_launch_trace calculate_virtual_device_count calculate_virtual_device_count_from_cli CompletionFlag copy_pinned_to_destinations DeviceEvent DeviceQueue enable_all_peer_access get_virtual_cpu_target get_virtual_device_api get_virtual_device_count get_virtual_device_target_arch HostHazardError is_virtual_device_mode launch_trace LaunchTraceEntry set_virtual_cpu_target set_virtual_device_api set_virtual_device_count set_virtual_device_target_arch SymmetricPool take_launch_trace Usage", _DEV, "driver"),
     **_each("devices_exist DeviceSpec load_max_buffer scan_available_devices", _TODO_OPS.replace("graph.ops", "driver"), "driver"),
     # max.dtype
     "dtype.finfo": "not built yet (dtype coverage); DType.finfo-style limits come from jnp.finfo",
     # max.engine
-    **_each("ArtifactBodyMismatch CompilationStopped CompiledModel CompileOnlyExecutionError CompileOnlyModel DebugConfig "
-            "LogLevel MefStore MissingArtifactError PrintStyle read", _ENGINE, "engine"),
+    **_each("ArtifactBodyMismatch CompilationStopped CompiledModel CompileOnlyExecutionError CompileOnlyModel DebugConfig LogLevel MefStore MissingArtifactError PrintStyle read", _ENGINE, "engine"),
     # max.graph
     **_each("BufferType", _BUFFER, "graph"),
-    **_each("default_custom_extensions default_custom_extensions_scope GraphBlock GraphDebugConfig KernelLibrary "
-            "ProfileScopeColor Type DevicePlacementPolicy", _MLIR, "graph"),
+    **_each("default_custom_extensions default_custom_extensions_scope GraphBlock GraphDebugConfig KernelLibrary ProfileScopeColor Type DevicePlacementPolicy", _MLIR, "graph"),
     "graph.AlgebraicDim": "maxjax's AlgebraicDim holds a symbolic expression (expr=) where MAX's holds an MLIR attribute (attr=)",
     # max.graph.ops
     **_each("buffer_create buffer_load buffer_store buffer_store_slice", _BUFFER, "graph.ops"),
     **_each("custom inplace_custom", _CUSTOM, "graph.ops"),
-    **_each("allgather_rms_norm allgather_rms_norm_quant_mxfp6 allgather_rms_norm_quant_mxfp8 distributed_broadcast "
-            "distributed_scatter reduce_scatter_rms_norm shard_and_stack", _MESH, "graph.ops"),
+    **_each("allgather_rms_norm allgather_rms_norm_quant_mxfp6 allgather_rms_norm_quant_mxfp8 distributed_broadcast distributed_scatter reduce_scatter_rms_norm shard_and_stack", _MESH, "graph.ops"),
     "graph.ops.side_stream": _DEV,
     "graph.ops.assert_same_device": _DEV,
-    **_each("as_interleaved_complex avg_pool2d cond constant_external conv2d conv2d_transpose conv3d fold group_norm "
-            "hann_window irfft masked_scatter max_pool2d non_maximum_suppression nonzero parallel resize resize_bicubic "
-            "resize_linear resize_nearest roi_align scatter scatter_add scatter_max scatter_min scatter_mul scatter_nd_add "
-            "scatter_nd_max scatter_nd_min scatter_nd_mul while_loop", _TODO_OPS, "graph.ops"),
-    "graph.ops.print": "maxjax names the first parameter x where MAX says value (to be renamed in maxjax/graph/ops/shape.py)",
+    **_each("as_interleaved_complex avg_pool2d cond constant_external conv2d conv2d_transpose conv3d fold group_norm hann_window irfft masked_scatter max_pool2d non_maximum_suppression nonzero parallel resize resize_bicubic resize_linear resize_nearest roi_align scatter scatter_add scatter_max scatter_min scatter_mul scatter_nd_add scatter_nd_max scatter_nd_min scatter_nd_mul while_loop", _TODO_OPS, "graph.ops"),
     # max.graph.weights
     "graph.weights.GGUFWeights": "maxjax adds zero_copy / lazy (memory-mapped, loaded on first use)",
     "graph.weights.SafetensorWeights": "maxjax adds zero_copy; MAX's private _st_* maps are internal",

@@ -140,14 +140,14 @@ def identity(x: Any) -> Any:
     return apply(_identity, x, _name="identity")
 
 
-def _print(x: Any, *, label: str) -> Any:
-    jax.debug.print(label + ": {}", x)
-    return x
+def _print(value: Any, *, label: str) -> Any:
+    jax.debug.print(label + ": {}", value)
+    return value
 
 
-def print(x: Any, label: str = "debug_tensor") -> None:  # noqa: A001 - MAX's name
+def print(value: Any, label: str = "debug_tensor") -> None:  # noqa: A001 - MAX's name
     """Prints the value when the graph runs (``jax.debug.print``)."""
-    apply(_print, x, _name="print", label=label)
+    apply(_print, value, _name="print", label=label)
 
 
 def rebind(x: Any, shape: Iterable[Any], message: str = "", layout: Any = None) -> Any:

@@ -310,7 +310,10 @@ class Module(Layer):
             yield prefix, m
             _init_registry(m)
             for name, child in m._sublayers.items():
-                queue.append((f"{prefix}{name}.", child))
+                # MAX's StackedLinear(stacked=False) leaves its attribute name out of its
+                # children's names (``_omit_module_attr_name``)
+                omit = getattr(child, "_omit_module_attr_name", False)
+                queue.append((prefix if omit else f"{prefix}{name}.", child))
 
     def _named_weights(self) -> list[tuple[str, Weight]]:
         """``(fqn, weight)`` for every owned (not shared) weight, in module order; no renaming.
