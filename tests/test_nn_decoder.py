@@ -189,3 +189,50 @@ def test_ragged_attention_over_pages_matches_numpy(mask):
         rows.append(o[len(past[b]) :])
     np.testing.assert_allclose(got, np.concatenate(rows), atol=2e-5)
     assert cache.metrics.input_tokens == 11 and cache.metrics.prompt_tokens == 11
+
+
+@pytest.mark.parametrize("desc_act", [False, True])
+def test_gptq_attention_equals_float_attention_on_the_dequantized_weights(desc_act):
+    """MAX's GPTQAttentionWithRope (4-bit q/k/v/o, one shared perm_idx) against AttentionWithRope
+    holding the same weights as floats (the GPTQ spec's dequantization, checked against NumPy in
+    test_nn_linear), over one ragged step of a paged cache."""
+    from maxjax.graph.quantization import QuantizationConfig
+    from maxjax.graph.quantization.gptq import dequantize_gptq, perm_idx_from_g_idx
+
+    from test_nn_linear import _gptq_case
+
+    h, kv, hidden, group = 4, 2, 256, 128
+    d = hidden // h
+    params = MHAKVCacheParams(DType.float32, d, 1, [DEV], page_size=4, n_kv_heads=kv)
+    rope = nn.RotaryEmbedding(hidden, h, 1e4, 64, head_dim=d)
+    qc = QuantizationConfig("gptq", 4, group, desc_act=desc_act, sym=True)
+    gptq = nn.GPTQAttentionWithRope(qc, rope, h, kv, hidden, params)
+    flt = nn.AttentionWithRope(rope=rope, num_attention_heads=h, num_key_value_heads=kv, hidden_size=hidden, kv_params=params)
+    qsd, fsd = {}, {}
+    shared_g_idx = _gptq_case(True, k=hidden, n=hidden, seed=0)[2]  # q, k and v read one input
+    for i, (name, out) in enumerate([("q_proj", hidden), ("k_proj", kv * d), ("v_proj", kv * d), ("o_proj", hidden)]):
+        qweight, scales, g_idx, _ = _gptq_case(desc_act, k=hidden, n=out, seed=i)
+        if desc_act and name != "o_proj":
+            g_idx = shared_g_idx
+        perm = perm_idx_from_g_idx(g_idx) if desc_act else None
+        qsd[f"{name}.qweight"], qsd[f"{name}.scales"] = qweight, scales
+        if desc_act and name in ("q_proj", "o_proj"):
+            qsd[f"{name}.perm_idx"] = perm
+        w = np.asarray(dequantize_gptq(qweight, scales, perm, group_size=group))  # [K, N], rows in perm order
+        wk = np.empty_like(w)
+        if desc_act:
+            wk[perm] = w  # back to input order
+        else:
+            wk = w
+        fsd[f"{name}.weight"] = np.ascontiguousarray(wk.T)
+    gptq.load_state_dict(qsd)
+    flt.load_state_dict(fsd)
+    x = np.random.default_rng(9).standard_normal((5, hidden)).astype(np.float32)
+    offsets = np.array([0, 3, 5], np.uint32)
+    outs = []
+    for layer in (gptq, flt):
+        cache = PagedKVCache(params, num_pages=4)
+        cache.claim(0), cache.claim(1)
+        coll = _collection(cache.inputs([0, 1], [3, 2]))
+        outs.append(np.asarray(layer(np.int32(0), x, coll, rope.freqs_cis, offsets)))
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-4, atol=1e-4)

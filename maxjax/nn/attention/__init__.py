@@ -1,9 +1,13 @@
 """``maxjax.nn.attention`` (MAX's ``max.nn.attention``): attention layers and their kernels."""
 
 from maxjax.nn.attention.attention_with_rope import (
-    MASKED, MIN_WINDOW, AttentionWithRope, GGUFQAttentionWithRope, _causal_gqa, _windows,
+    MASKED, MIN_WINDOW, AttentionWithRope, GGUFQAttentionWithRope, GPTQAttentionWithRope, _causal_gqa, _windows,
+    num_heads_for_device,
 )
 from maxjax.nn.attention.mask_config import AttentionMaskVariant, MHAMaskVariant
 from maxjax.nn.attention.ragged_attention import RaggedAttention
 
-__all__ = ["AttentionMaskVariant", "AttentionWithRope", "GGUFQAttentionWithRope", "MHAMaskVariant", "RaggedAttention"]
+__all__ = [
+    "AttentionMaskVariant", "AttentionWithRope", "GGUFQAttentionWithRope", "GPTQAttentionWithRope", "MHAMaskVariant", "RaggedAttention",
+    "num_heads_for_device",
+]

@@ -46,7 +46,7 @@ from maxjax.nn.linear import Linear
 from maxjax.nn.norm import RMSNorm
 from maxjax.nn.rotary_embedding import RotaryEmbedding
 
-__all__ = ["AttentionWithRope", "GGUFQAttentionWithRope"]
+__all__ = ["AttentionWithRope", "GGUFQAttentionWithRope", "GPTQAttentionWithRope", "num_heads_for_device"]
 
 
 #: the smallest window of keys :func:`_causal_gqa` reads; windows double up to the cache length
@@ -132,6 +132,13 @@ def _attend(q: Any, k_cache: Any, v_cache: Any, layer: Any, positions: Any, *, w
         probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
         ctx = policy.einsum("bngsk,bnkd->bsngd", probs, values)
     return ctx.reshape(b, s, h * d)
+
+
+def num_heads_for_device(*, num_heads: int, device_idx: int, num_devices: int) -> int:
+    """Heads of device ``device_idx`` when ``num_heads`` are split over ``num_devices`` (MAX's
+    rule: the first ``num_heads % num_devices`` devices get one more)."""
+    base, remainder = divmod(num_heads, num_devices)
+    return base + 1 if device_idx < remainder else base
 
 
 class AttentionWithRope(Module):
@@ -456,3 +463,51 @@ class GGUFQAttentionWithRope(AttentionWithRope):
         )  # fmt: skip
         self.quantization_encoding = quantization_encoding
         self.quant_config = None
+
+
+class GPTQAttentionWithRope(AttentionWithRope):
+    """:class:`AttentionWithRope` with symmetric 4-bit GPTQ projections (MAX's
+    ``GPTQAttentionWithRope``): each of ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj`` is a
+    :class:`~maxjax.nn.linear.GPTQLinear` (keys ``{proj}.qweight`` int32, ``{proj}.scales``
+    float16); with ``desc_act`` one ``q_proj.perm_idx`` int32 ``[hidden_size]`` serves q, k and v
+    (they read the same input), as in MAX. The KV width is ``hidden_size // num_attention_heads *
+    num_key_value_heads`` (MAX's). ``linear_cls`` is MAX's argument for the output projection;
+    maxjax's output projection is a ``GPTQLinear`` whatever it is (MAX passes a GPTQ partial).
+
+    Raises:
+        ValueError, NotImplementedError: as :class:`~maxjax.nn.linear.GPTQLinear` for the config.
+    """
+
+    def __init__(
+        self,
+        quantization_config: Any,
+        rope: RotaryEmbedding,
+        num_attention_heads: int,
+        num_key_value_heads: int,
+        hidden_size: int,
+        kv_params: KVCacheParams,
+        devices: list[DeviceRef] | None = None,
+        dtype: DType = DType.float32,
+        scale: float | None = None,
+        linear_cls: Any = Linear,
+        mask_variant: MHAMaskVariant = MHAMaskVariant.CAUSAL_MASK,
+    ) -> None:
+        from maxjax.nn.linear import GPTQLinear
+
+        def gptq(**kwargs: Any) -> Any:
+            return GPTQLinear(quantization_config=quantization_config, **kwargs)
+
+        self._build(
+            rope=rope, num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
+            hidden_size=hidden_size, kv_params=kv_params, devices=devices, dtype=dtype, linear_cls=gptq,
+            stacked_qkv=False, scale=scale, has_bias=False, clip_qkv=None, use_qk_norm=False, rms_norm_eps=1e-6,
+            mask_variant=mask_variant, sliding_window=None, linear_kwargs={},
+        )  # fmt: skip
+        self.quantization_config = quantization_config
+        self.quant_config = None
+        if self.q_proj.perm_idx is not None:  # one permutation of the shared input
+            self.k_proj.set_shared_weight("perm_idx", self.q_proj.perm_idx)
+            self.v_proj.set_shared_weight("perm_idx", self.q_proj.perm_idx)
+
+    def _heads(self, proj: Any) -> Any:
+        return proj.out_dim // self.head_dim
