@@ -69,16 +69,15 @@ REASONS: dict[str, str] = {
        "ShardingStrategy QuantizationEncoding QuantizationConfig Segment Allreduce Operation InterpolationMode".split()},
     # max.nn (and the same names in its submodules)
     **_each("DistributedAttentionImpl DistributedTransformer DistributedTransformerBlock TensorParallelAttentionWithRope TensorParallelLatentAttentionWithRope VocabParallelEmbedding forward_moe_sharded_layers split_batch split_batch_replicated", _MESH, "nn"),
-    **_each("GPTQAttentionWithRope MoEQuantized", _QUANT, "nn"),
+    **_each("MoEQuantized", _QUANT, "nn"),
     **_each("LatentAttentionWithRope",
             _KV, "nn"),
     **_each("ConstantLayerNorm Conv1D Conv2d Conv3D ConvTranspose1d DynamicRotaryEmbedding GroupNorm HyperConnection LinearScalingParams Llama3RopeScalingParams Llama3RotaryEmbedding LongRoPERotaryEmbedding LongRoPEScalingParams MoE MoEGate MultiheadAttention WeightNormConvTranspose1d YarnRotaryEmbedding YarnScalingParams", _TODO, "nn"),
     "nn.RMSNorm": "maxjax adds device= (MAX 26.7 puts the weight on the CPU and has no device argument)",
     "nn.RotaryEmbedding": "maxjax adds device= for the frequency table; MAX's private _freqs_cis cache is internal",
     # max.nn.attention
-    **_each("DistributedAttentionImpl TensorParallelAttentionWithRope TensorParallelLatentAttentionWithRope num_heads_for_device",
+    **_each("DistributedAttentionImpl TensorParallelAttentionWithRope TensorParallelLatentAttentionWithRope",
             _MESH, "nn.attention"),
-    **_each("GPTQAttentionWithRope", _QUANT, "nn.attention"),
     **_each("LatentAttentionWithRope", _KV, "nn.attention"),
     **_each("MultiheadAttention", _TODO, "nn.attention"),
     # max.nn.conv, embedding, linear, norm, rotary_embedding, transformer
