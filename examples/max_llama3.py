@@ -137,7 +137,8 @@ def greedy_ragged(compiled, cache: PagedKVCache, prompts: list[list[int]], max_n
     return out
 
 
-def main(argv: list[str] | None = None) -> list[list[int]]:
+def main(argv: list[str] | None = None) -> tuple[list[list[int]], list[list[int]]]:
+    """Runs the example; returns (the graph's greedy tokens, ``maxjax generate``'s) per prompt."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-new-tokens", type=int, default=16)
     args = parser.parse_args(argv)
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> list[list[int]]:
     want = [g.token_ids for g in lm.generate_tokens(prompts, max_new_tokens=args.max_new_tokens, stop_at_eos=False)]
     for name, g, w in zip(("raw", "chat"), got, want):
         print(f"{name:5} MAX-style ragged graph: {g}\n{'':5} maxjax generate:        {w}  {'equal' if g == w else 'DIFFERENT'}")
-    return got
+    return got, want
 
 
 if __name__ == "__main__":

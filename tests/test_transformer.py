@@ -154,14 +154,14 @@ def test_prefill_and_batched_decode_in_a_long_cache(model, prompt_len):
 
 
 def test_rotary_embedding_interleaved_equals_permuted_halves():
-    rope = nn.RotaryEmbedding(32, 4, 10000.0, head_dim=8)
-    inter = nn.RotaryEmbedding(32, 4, 10000.0, head_dim=8, interleaved=True)
+    rope = nn.RotaryEmbedding(32, 4, 10000.0, 64, head_dim=8, interleaved=False)
+    inter = nn.RotaryEmbedding(32, 4, 10000.0, 64, head_dim=8, interleaved=True)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((1, 5, 4, 8)).astype(np.float32)
     pos = np.arange(5, dtype=np.int32)[None]
     perm = np.concatenate([np.arange(0, 8, 2), np.arange(1, 8, 2)])  # interleaved -> halves
-    out_h = np.asarray(rope(TensorValue(x[..., perm]), TensorValue(pos)).to_numpy())
-    out_i = np.asarray(inter(TensorValue(x), TensorValue(pos)).to_numpy())
+    out_h = np.asarray(rope.rotate(TensorValue(x[..., perm]), TensorValue(pos)).to_numpy())
+    out_i = np.asarray(inter.rotate(TensorValue(x), TensorValue(pos)).to_numpy())
     np.testing.assert_allclose(out_i[..., perm], out_h, atol=1e-6)
     np.testing.assert_allclose(out_h, _rope(x[..., perm], pos), atol=1e-5)
 
@@ -172,7 +172,7 @@ def test_attention_rejects_bad_head_counts():
     kv_params = MHAKVCacheParams(DType.float32, 64, 1, [DeviceRef.CPU()], n_kv_heads=2)
     with pytest.raises(ValueError, match=r"num_attention_heads \(9\) must be a multiple of num_key_value_heads \(2\)"):
         nn.AttentionWithRope(
-            rope=nn.RotaryEmbedding(576, 9, 1e4), num_attention_heads=9, num_key_value_heads=2, hidden_size=576,
+            rope=nn.RotaryEmbedding(576, 9, 1e4, 64), num_attention_heads=9, num_key_value_heads=2, hidden_size=576,
             kv_params=kv_params, devices=[DeviceRef.CPU()],
         )  # fmt: skip
 

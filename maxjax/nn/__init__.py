@@ -11,7 +11,7 @@ from maxjax.nn.stacked_linear import StackedLinear
 from maxjax.nn.clamp import clamp
 from maxjax.nn.quant_config import InputScaleSpec, QuantConfig, QuantFormat, ScaleGranularity, ScaleOrigin, WeightScaleSpec
 from maxjax.nn.norm import LayerNorm, RMSNorm
-from maxjax.nn.rotary_embedding import RotaryEmbedding
+from maxjax.nn.rotary_embedding import LinearScalingParams, Llama3RopeScalingParams, Llama3RotaryEmbedding, RotaryEmbedding
 from maxjax.nn.transformer import ReturnHiddenStates, ReturnLogits, Transformer, TransformerBlock
 from maxjax.nn.kv_cache import KVCacheInputs, KVCacheMetrics, KVCacheParams, build_max_lengths_tensors
 from maxjax.nn.identity import Identity
@@ -24,7 +24,8 @@ from maxjax.nn import init  # noqa: E402  (initializers: nn.init.initialize(modu
 __all__ = [
     "Allreduce", "AttentionWithRope", "GGUFQAttentionWithRope", "GPTQAttentionWithRope", "KVCacheInputs", "KVCacheMetrics", "KVCacheParams", "RaggedAttention", "ReturnHiddenStates",
     "build_max_lengths_tensors",
-    "ReturnLogits", "Transformer", "RotaryEmbedding", "Signals", "TransformerBlock",
+    "ReturnLogits", "Transformer", "RotaryEmbedding", "LinearScalingParams", "Llama3RopeScalingParams",
+    "Llama3RotaryEmbedding", "Signals", "TransformerBlock",
     "Embedding", "HookHandle", "Layer", "LayerList", "LayerNorm", "LayerV2", "Linear", "LoadStateDictResult",
     "MLP", "Module", "RMSNorm", "Sequential", "abstract_state", "functional_call", "init", "state",
     "ColumnParallelLinear", "FusedMLP", "GPTQLinear", "StackedLinear", "clamp", "InputScaleSpec", "QuantConfig",

@@ -1,12 +1,24 @@
-"""``RotaryEmbedding``: rotary position embedding (RoPE; Su et al., 2021, arXiv:2104.09864).
+"""Rotary position embeddings (RoPE; Su et al., 2021, arXiv:2104.09864) with MAX 26.7's classes
+(``max/nn/rotary_embedding.py``): ``RotaryEmbedding``, ``Llama3RotaryEmbedding`` (+
+``Llama3RopeScalingParams``) and the ``LinearScalingParams`` type.
 
-Llama's layout as Hugging Face implements it (``rotate_half``: the first and second halves of
-each head are the two coordinates of each rotated pair). Checkpoints in llama.cpp's interleaved
-layout are converted when loaded (``maxjax.graph.weights.adapters``), or use ``interleaved=True``.
+Each class defines its inverse frequencies ``[head_dim // 2]`` once (:meth:`inv_freqs`, float32,
+computed as MAX does: in float64, then cast). Two ways to apply them, the same numbers:
+
+- MAX's: ``freqs_cis`` ``[max_seq_len * 2, head_dim]``, rows of ``cos_i, sin_i`` pairs at
+  positions ``0 .. 2 * max_seq_len - 1`` (``outer(t, inv_freqs)`` in float32), and
+  ``__call__(x, start_pos=None, seq_len=None)`` on ``x [batch, seq, n_heads, head_dim]``.
+- maxjax's :meth:`RotaryEmbedding.rotate` ``(x, positions)`` at any integer positions (padded
+  batches, ragged batches), with the angles computed on the fly from the same float32 products.
+
+``interleaved=True`` (MAX's default, llama.cpp/GGUF's layout) rotates channel pairs ``(2i, 2i+1)``;
+``interleaved=False`` (Hugging Face's ``rotate_half``) pairs ``(i, i + head_dim / 2)``.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,22 +27,25 @@ from maxjax.dtype import DType
 from maxjax.graph import ops
 from maxjax.nn.layer import Module
 
-__all__ = ["RotaryEmbedding"]
+__all__ = ["LinearScalingParams", "Llama3RopeScalingParams", "Llama3RotaryEmbedding", "RotaryEmbedding"]
 
 
 class RotaryEmbedding(Module):
-    """Rotates pairs of channels of ``x [..., seq, n_heads, head_dim]`` by position-dependent angles.
+    """MAX's ``RotaryEmbedding(dim, n_heads, theta, max_seq_len, head_dim=None, _freqs_cis=None,
+    interleaved=True)``: no weights.
 
     Args:
-        dim: model hidden size (MAX's argument; ``head_dim`` defaults to ``dim // n_heads``).
-        n_heads: number of query heads.
+        dim: model hidden size (``head_dim`` defaults to ``dim // n_heads``).
+        n_heads: query heads.
         theta: the rope base (Llama's ``rope_theta``).
-        max_seq_len: longest position (informational; positions are computed, not tabulated).
-        head_dim: channels per head.
-        interleaved: pairs are (0, 1), (2, 3), ... (GGUF/Meta layout) instead of (i, i + d/2).
+        max_seq_len: the table ``freqs_cis`` covers positions ``< 2 * max_seq_len``.
+        head_dim: channels per head (even).
+        _freqs_cis: a precomputed ``[2 * max_seq_len, head_dim // 2, 2]`` or ``[.., head_dim]``
+            table to use instead (MAX's private argument).
+        interleaved: the pair layout (see the module docstring).
 
-    ``__call__(x, positions)``: ``positions`` is an integer tensor broadcastable to ``x.shape[:-2]``
-    (e.g. ``[batch, seq]``); angles are computed in float32, the result has ``x``'s dtype.
+    Raises:
+        ValueError: an odd ``head_dim``.
     """
 
     def __init__(
@@ -38,38 +53,149 @@ class RotaryEmbedding(Module):
         dim: int,
         n_heads: int,
         theta: float,
-        max_seq_len: int = 8192,
-        device: Any = None,
+        max_seq_len: int,
         head_dim: int | None = None,
-        interleaved: bool = False,
+        _freqs_cis: Any = None,
+        interleaved: bool = True,
     ) -> None:
         super().__init__()
-        self.dim, self.n_heads, self.theta, self.max_seq_len = dim, n_heads, float(theta), max_seq_len
-        self.head_dim = head_dim or dim // n_heads
+        self.dim, self.n_heads, self.theta, self.max_seq_len = dim, n_heads, theta, max_seq_len
+        self.head_dim = head_dim if head_dim is not None else dim // n_heads
+        if self.head_dim % 2:
+            raise ValueError(f"RotaryEmbedding: head_dim must be even (pairs of channels rotate), got {self.head_dim}")
         self.interleaved = interleaved
-        half = self.head_dim // 2
-        # Hugging Face: 1 / theta ** (arange(0, d, 2) / d), computed in float32.
-        exponent = np.arange(0, self.head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(self.head_dim)
-        self.inv_freq = (1.0 / (np.float32(self.theta) ** exponent)).astype(np.float32)
-        assert self.inv_freq.shape == (half,)
+        self._freqs_cis = _freqs_cis
+        self._table: np.ndarray | None = None
 
-    def freqs(self, positions: Any) -> tuple[Any, Any]:
-        """cos and sin ``[*positions.shape, head_dim // 2]`` (float32)."""
-        inv = ops.constant(self.inv_freq, DType.float32)
-        angles = ops.unsqueeze(ops.cast(positions, DType.float32), -1) * inv
-        return ops.cos(angles), ops.sin(angles)
+    def _compute_inv_freqs(self) -> np.ndarray:
+        """``1 / theta ** (2i / head_dim)`` float32 ``[head_dim // 2]`` (computed in float64, as MAX)."""
+        n = self.head_dim
+        iota = np.arange(0, n, 2, dtype=np.float64)
+        return (1.0 / (float(self.theta) ** (iota / n))).astype(np.float32)
 
-    def __call__(self, x: Any, positions: Any) -> Any:
+    def inv_freqs(self) -> np.ndarray:
+        """The inverse frequencies the class applies, float32 ``[head_dim // 2]`` (cached)."""
+        cached = self.__dict__.get("_inv")
+        if cached is None:
+            cached = self.__dict__["_inv"] = self._compute_inv_freqs()
+        return cached
+
+    def attention_factor(self) -> float:
+        """A factor on cos and sin (1.0 here; YaRN-style scalings have another)."""
+        return 1.0
+
+    def _freqs_table(self) -> np.ndarray:
+        """float32 ``[2 * max_seq_len, head_dim // 2, 2]``: (cos, sin) of ``outer(t, inv_freqs)``."""
+        if self._table is None:
+            if self._freqs_cis is not None:
+                table = np.asarray(self._freqs_cis, np.float32)
+                self._table = table.reshape(table.shape[0], -1, 2)
+            else:
+                t = np.arange(self.max_seq_len * 2, dtype=np.float32)
+                freqs = np.outer(t, self.inv_freqs())  # [2 * max_seq_len, head_dim // 2] float32
+                f = np.float32(self.attention_factor())
+                self._table = np.stack([np.cos(freqs) * f, np.sin(freqs) * f], axis=-1).astype(np.float32)
+        return self._table
+
+    def freqs_cis_base(self) -> Any:
+        """MAX's table ``[max_seq_len * 2, head_dim // 2, 2]`` (float32 constant)."""
+        return ops.constant(self._freqs_table(), DType.float32)
+
+    @property
+    def freqs_cis(self) -> Any:
+        """MAX's flattened table ``[max_seq_len * 2, head_dim]`` (``cos_i, sin_i`` pairs)."""
+        table = self._freqs_table()
+        return ops.constant(table.reshape(table.shape[0], -1), DType.float32)
+
+    def compute_scale(self, user_scale: float | None = None) -> float:
+        """The attention scale: ``user_scale``, or ``1 / sqrt(head_dim)``."""
+        return user_scale if user_scale is not None else math.sqrt(1.0 / self.head_dim)
+
+    def rotate(self, x: Any, positions: Any) -> Any:
+        """``x [..., n_heads, head_dim]`` rotated at integer ``positions`` (broadcastable to
+        ``x.shape[:-2]``), in float32; returns x's dtype. Equal to applying ``freqs_cis`` rows."""
+        inv = ops.constant(self.inv_freqs(), DType.float32)
+        angles = ops.unsqueeze(ops.cast(positions, DType.float32), -1) * inv  # [*positions, head_dim // 2]
+        cos, sin = ops.cos(angles), ops.sin(angles)
+        if self.attention_factor() != 1.0:
+            f = ops.constant(self.attention_factor(), DType.float32)
+            cos, sin = cos * f, sin * f
+        return self._apply(x, ops.unsqueeze(cos, -2), ops.unsqueeze(sin, -2))  # broadcast over heads
+
+    def _apply(self, x: Any, cos: Any, sin: Any) -> Any:
         half = self.head_dim // 2
-        cos, sin = self.freqs(positions)
-        cos, sin = ops.unsqueeze(cos, -2), ops.unsqueeze(sin, -2)  # broadcast over heads
         xf = ops.cast(x, DType.float32)
         if self.interleaved:
             pairs = ops.reshape(xf, [*x.shape[:-1], half, 2])
             a, b = pairs[..., 0], pairs[..., 1]
-            out = ops.stack([a * cos - b * sin, a * sin + b * cos], axis=-1)
-            out = ops.reshape(out, x.shape)
+            out = ops.reshape(ops.stack([a * cos - b * sin, a * sin + b * cos], axis=-1), x.shape)
         else:
             a, b = xf[..., :half], xf[..., half:]
             out = ops.concat([a * cos - b * sin, b * cos + a * sin], axis=-1)
         return ops.cast(out, x.dtype)
+
+    def __call__(self, x: Any, start_pos: Any = None, seq_len: Any = None) -> Any:
+        """MAX's call: ``x [batch, seq_len, n_heads, head_dim]`` at positions ``start_pos ..
+        start_pos + seq_len - 1`` (``start_pos`` default 0, ``seq_len`` default ``x.shape[-3]``)."""
+        start = 0 if start_pos is None else start_pos
+        n = x.shape[-3] if seq_len is None else seq_len
+        table = self.freqs_cis_base()[start : start + n]  # [seq, head_dim // 2, 2]
+        cos = ops.unsqueeze(ops.unsqueeze(table[..., 0], 1), 0)  # [1, seq, 1, head_dim // 2]
+        sin = ops.unsqueeze(ops.unsqueeze(table[..., 1], 1), 0)
+        return self._apply(x, cos, sin)
+
+
+@dataclass
+class Llama3RopeScalingParams:
+    """Llama 3's frequency scaling (MAX's fields)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    orig_max_position: int
+
+
+@dataclass
+class LinearScalingParams:
+    """Linear rope scaling (MAX's type): positions divided by ``factor``."""
+
+    factor: float
+
+
+class Llama3RotaryEmbedding(RotaryEmbedding):
+    """RoPE with Llama 3's frequency scaling (MAX's ``Llama3RotaryEmbedding``; Meta's
+    ``apply_scaling`` in llama3's ``model.py``): wavelengths shorter than ``orig_max_position /
+    high_freq_factor`` keep their frequency, longer than ``orig_max_position / low_freq_factor``
+    are divided by ``factor``, and those between are interpolated smoothly.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        theta: float,
+        max_seq_len: int,
+        head_dim: int | None = None,
+        _freqs_cis: Any = None,
+        interleaved: bool = True,
+        scaling_params: Llama3RopeScalingParams | None = None,
+    ) -> None:
+        super().__init__(dim, n_heads, theta, max_seq_len, head_dim, _freqs_cis, interleaved)
+        self.scaling_params = scaling_params
+
+    def _compute_inv_freqs(self) -> np.ndarray:
+        inv = super()._compute_inv_freqs()
+        p = self.scaling_params
+        if p is None:
+            return inv
+        low_wavelen = np.float32(p.orig_max_position / p.low_freq_factor)
+        high_wavelen = np.float32(p.orig_max_position / p.high_freq_factor)
+        wave_len = (np.float32(2 * math.pi) / inv).astype(np.float32)
+        if p.low_freq_factor != p.high_freq_factor:
+            smooth = ((np.float32(p.orig_max_position) / wave_len - np.float32(p.low_freq_factor))
+                      / np.float32(p.high_freq_factor - p.low_freq_factor)).astype(np.float32)  # fmt: skip
+        else:
+            smooth = np.float32(0)
+        f = np.float32(p.factor)
+        mid = (1 - smooth) * inv / f + smooth * inv
+        return np.where(wave_len < high_wavelen, inv, np.where(wave_len > low_wavelen, inv / f, mid)).astype(np.float32)

@@ -180,7 +180,9 @@ def build_llama(config: LlamaConfig, dtype: DType = DType.float32, device: Devic
     """
     device = device or DeviceRef.CPU()
     c = config
-    rope = RotaryEmbedding(c.hidden_size, c.num_attention_heads, c.rope_theta, c.max_position_embeddings, head_dim=c.head_dim)
+    rope = RotaryEmbedding(
+        c.hidden_size, c.num_attention_heads, c.rope_theta, c.max_position_embeddings, head_dim=c.head_dim, interleaved=False
+    )
     kv_params = MHAKVCacheParams(
         DType.float32, c.head_dim, c.num_hidden_layers, [device], n_kv_heads=c.num_key_value_heads
     )

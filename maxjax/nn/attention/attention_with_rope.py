@@ -401,8 +401,8 @@ class AttentionWithRope(Module):
         q, k, v = self._qkv(x, [batch, seq])  # [batch, seq, h | kv, d]
         kv, d = k.shape[2], self.head_dim
         positions = cache.positions
-        q = self.rope(q, positions)
-        k = self.rope(k, positions)
+        q = self.rope.rotate(q, positions)
+        k = self.rope.rotate(k, positions)
         k_cache, v_cache = read_cache(cache.k_cache), read_cache(cache.v_cache)
 
         # write this layer's new values at (layer, b, kv head, position) and its keys, one channel

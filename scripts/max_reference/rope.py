@@ -1,0 +1,36 @@
+"""MAX 26.7's rotary embeddings: freqs_cis tables and rotated activations (see scripts/reference_max.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def build() -> dict[str, np.ndarray]:
+    from max.dtype import DType
+    from max.engine import InferenceSession
+    from max.graph import DeviceRef, Graph, TensorType
+    from max.nn import Llama3RopeScalingParams, Llama3RotaryEmbedding, RotaryEmbedding
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 5, 4, 16)).astype(np.float32)  # [batch, seq, heads, head_dim]
+    cases = {
+        "plain_inter": RotaryEmbedding(64, 4, 10000.0, 32, head_dim=16, interleaved=True),
+        "plain_halves": RotaryEmbedding(64, 4, 500000.0, 32, head_dim=16, interleaved=False),
+        "llama3": Llama3RotaryEmbedding(
+            64, 4, 500000.0, 32, head_dim=16, interleaved=False,
+            scaling_params=Llama3RopeScalingParams(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, orig_max_position=8192),
+        ),
+    }  # fmt: skip
+
+    def forward(xv):
+        outs = []
+        for rope in cases.values():
+            outs += [rope.freqs_cis, rope(xv), rope(xv, start_pos=3)]
+        return outs
+
+    g = Graph("rope", forward=forward, input_types=[TensorType(DType.float32, x.shape, DeviceRef.CPU())])
+    res = [r.to_numpy() for r in InferenceSession().load(g).execute(x)]
+    out = {"x": x}
+    for i, name in enumerate(cases):
+        out[f"{name}.freqs_cis"], out[f"{name}.out"], out[f"{name}.out_start3"] = res[3 * i : 3 * i + 3]
+    return out
