@@ -55,7 +55,9 @@ class Model:
             self._traces += 1  # once per trace (new input shapes), not per call
             return program.apply(state, *args)
 
-        self._run = jax.jit(run)
+        # buffer inputs are donated: their new values replace them in the caller's Buffers
+        self._buffer_inputs = graph.buffer_input_indices
+        self._run = jax.jit(run, donate_argnums=tuple(1 + i for i in self._buffer_inputs))
         self.input_metadata = [
             _spec(t.shape, t.dtype, f"input{i}") for i, t in enumerate(graph._input_types)
         ]
@@ -76,13 +78,21 @@ class Model:
     def execute(self, *args: Any) -> list[Buffer]:
         """Runs the model on ``args`` (Buffers, NumPy or JAX arrays, DLPack arrays).
 
+        A buffer input (:class:`~maxjax.graph.BufferType`) given as a :class:`Buffer` holds the
+        graph's new value for it afterwards (its old array is donated to the computation).
+
         Raises:
             ValueError: wrong number of inputs, or an input of the wrong rank, dtype or static size,
                 or a symbolic dim bound to two sizes (the message names the input position).
         """
         arrays = [to_jax_array(a) for a in args]
         self._graph.bind_dims([a.shape for a in arrays], [a.dtype for a in arrays])
-        return [Buffer(o) for o in self._run(self._state, *arrays)]
+        outs = self._run(self._state, *arrays)
+        declared = len(outs) - len(self._buffer_inputs)
+        for i, new in zip(self._buffer_inputs, outs[declared:]):
+            if isinstance(args[i], Buffer):  # MAX's in-place update of the caller's buffer
+                args[i]._array = new
+        return [Buffer(o) for o in outs[:declared]]
 
     def __call__(self, *args: Any, **kwargs: Any) -> list[Buffer]:
         if kwargs:

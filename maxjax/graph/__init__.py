@@ -3,15 +3,16 @@
 from maxjax.dtype import DType
 from maxjax.graph.graph import Graph
 from maxjax.graph.type import (
-    AlgebraicDim, DeviceKind, DeviceRef, Dim, DimLike, Shape, ShapeLike, StaticDim, SymbolicDim, TensorType,
+    AlgebraicDim, BufferType, DeviceKind, DeviceRef, Dim, DimLike, Shape, ShapeLike, StaticDim, SymbolicDim, TensorType,
 )
 from maxjax.graph.value import TensorValue, TensorValueLike, Value
+from maxjax.graph.buffer import BufferValue
 from maxjax.graph.weight import ShardingStrategy, Weight
 from maxjax.graph.quantization import QuantizationConfig, QuantizationEncoding
 from maxjax.graph import ops
 
 __all__ = [
-    "AlgebraicDim", "DType", "DeviceKind", "DeviceRef", "Dim", "DimLike", "Graph", "QuantizationConfig",
+    "AlgebraicDim", "BufferType", "BufferValue", "DType", "DeviceKind", "DeviceRef", "Dim", "DimLike", "Graph", "QuantizationConfig",
     "QuantizationEncoding", "Shape", "ShapeLike", "ShardingStrategy", "StaticDim", "SymbolicDim",
     "TensorType", "TensorValue", "TensorValueLike", "Value", "Weight", "ops",
 ]  # fmt: skip

@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from maxjax.dtype import DType
-from maxjax.graph.type import DeviceRef, Dim, Shape, StaticDim, SymbolicDim, TensorType
+from maxjax.graph.buffer import BufferValue
+from maxjax.graph.type import BufferType, DeviceRef, Dim, Shape, StaticDim, SymbolicDim, TensorType
 from maxjax.graph.value import TensorValue
 
 __all__ = ["Graph", "Node", "as_tensor_type", "current_graph", "layer_scope"]
@@ -213,15 +214,25 @@ class Graph:
         #: ``ops.call`` runs the layer the subgraph was built from (see ``maxjax.nn.layer``)
         self._eager_runner: Callable[..., Any] | None = None
         self._call_shapes: dict[Any, Any] = {}  # ops.call: argument signature -> output avals
-        self.inputs = tuple(
-            TensorValue._from_node(
-                self,
-                self._add_node(
-                    Node("input", "input", [t.to_shape_dtype_struct()], device=t.device, extra=i)
-                ),
+        inputs: list[Any] = []
+        #: the graph's buffer inputs (:class:`~maxjax.graph.buffer.BufferValue`), whose final
+        #: versions are hidden outputs after the declared ones
+        self._buffers: list[Any] = []
+        for i, t in enumerate(self._input_types):
+            value = TensorValue._from_node(
+                self, self._add_node(Node("input", "input", [t.to_shape_dtype_struct()], device=t.device, extra=i))
             )
-            for i, t in enumerate(self._input_types)
-        )
+            if isinstance(t, BufferType):
+                if _parent is not None:
+                    raise NotImplementedError(
+                        f"subgraph {name!r}: buffer inputs of subgraphs are not supported by maxjax (pass the tensor and "
+                        "return its new value)"
+                    )
+                value = BufferValue._input(self, value, i, t)
+                self._buffers.append(value)
+            inputs.append(value)
+        self.inputs = tuple(inputs)
+        self._n_hidden = 0
         if forward is None and (args or kwargs):
             raise TypeError(f"Graph {name!r}: extra arguments {args or ''}{kwargs or ''} are passed to forward, but there is none")
         if forward is not None:
@@ -350,13 +361,23 @@ class Graph:
                     )
                 else:
                     vals.append(ops.constant(o) if not isinstance(o, TensorValue) else ops.identity(o))
+            # the buffers' final versions, after the declared outputs (see maxjax.graph.buffer)
+            for b in self._buffers:
+                cur = b._current
+                vals.append(cur if isinstance(cur, TensorValue) and cur._graph is self else ops.identity(cur))
+        self._n_hidden = len(self._buffers)
         self._outputs = vals
 
     @property
     def output_types(self) -> list[TensorType]:
         if self._outputs is None:
             return []
-        return [o.type for o in self._outputs]
+        return [o.type for o in self._outputs[: len(self._outputs) - self._n_hidden]]
+
+    @property
+    def buffer_input_indices(self) -> list[int]:
+        """Positions of the buffer inputs (their new values follow the declared outputs)."""
+        return [b._input_index for b in self._buffers]
 
     def weights(self) -> Any:
         """A :class:`~maxjax.graph.weights.Weights` view for allocating this graph's weights by

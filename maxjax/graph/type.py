@@ -18,6 +18,7 @@ from jax import export as jax_export
 from maxjax.dtype import DType
 
 __all__ = [
+    "BufferType",
     "Dim",
     "StaticDim",
     "SymbolicDim",
@@ -437,8 +438,9 @@ class TensorType:
     def cast(self, dtype: DType) -> "TensorType":
         return TensorType(dtype, self.shape, self.device)
 
-    def as_buffer(self) -> "TensorType":
-        return self
+    def as_buffer(self) -> "BufferType":
+        """The same type as a mutable buffer (MAX's ``as_buffer``)."""
+        return BufferType(self.dtype, self.shape, self.device)
 
     def to_shape_dtype_struct(self) -> jax.ShapeDtypeStruct:
         """The JAX abstract value (symbolic dims as ``jax.export`` expressions)."""
@@ -447,6 +449,7 @@ class TensorType:
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, TensorType)
+            and isinstance(other, BufferType) == isinstance(self, BufferType)
             and self.dtype == other.dtype
             and self.shape == other.shape
             and self.device == other.device
@@ -457,3 +460,23 @@ class TensorType:
 
     def __repr__(self) -> str:
         return f"TensorType(dtype={self.dtype!r}, shape={self.shape!r}, device={self.device})"
+
+
+class BufferType(TensorType):
+    """The type of a mutable buffer (MAX's ``BufferType(dtype, shape, device)``): a graph input
+    whose value the graph may replace (``ops.buffer_store``); the caller's
+    :class:`~maxjax.driver.Buffer` then holds the new value after ``Model.execute`` (see
+    :class:`~maxjax.graph.buffer.BufferValue`)."""
+
+    def as_tensor(self) -> TensorType:
+        """The same type as an immutable tensor."""
+        return TensorType(self.dtype, self.shape, self.device)
+
+    def cast(self, dtype: DType) -> "BufferType":
+        return BufferType(dtype, self.shape, self.device)
+
+    def __hash__(self) -> int:
+        return hash(("buffer", self.dtype, tuple(str(d) for d in self.shape), self.device))
+
+    def __repr__(self) -> str:
+        return f"BufferType(dtype={self.dtype!r}, shape={self.shape!r}, device={self.device})"

@@ -345,3 +345,11 @@ class TensorValue(Value):
 
 
 TensorValueLike = Any
+
+
+def __getattr__(name: str) -> Any:  # ``maxjax.graph.value.BufferValue`` (MAX's module path)
+    if name == "BufferValue":
+        from maxjax.graph.buffer import BufferValue
+
+        return BufferValue
+    raise AttributeError(name)

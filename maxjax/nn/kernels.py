@@ -34,7 +34,8 @@ def ragged_token_positions(input_row_offsets: Any, cache_lengths: Any, total: in
     """
     offsets = input_row_offsets.astype(jnp.int32)
     rows = jnp.arange(total, dtype=jnp.int32)
-    seq = jnp.searchsorted(offsets[1:], rows, side="right").astype(jnp.int32)  # [total]
+    # the number of sequence ends at or before each row (searchsorted needs static shapes)
+    seq = jnp.sum(offsets[None, 1:] <= rows[:, None], axis=1, dtype=jnp.int32)  # [total]
     pos = cache_lengths.astype(jnp.int32)[seq] + rows - offsets[seq]
     return seq, pos
 
@@ -47,7 +48,7 @@ def rope_ragged(x: Any, freqs_cis: Any, input_row_offsets: Any, cache_lengths: A
     ``(i, i + head_dim / 2)``. Computed in float32; returns x's dtype.
     """
     _, pos = ragged_token_positions(input_row_offsets, cache_lengths, x.shape[0])
-    rows = freqs_cis.astype(jnp.float32)[pos]  # [total, head_dim]
+    rows = jnp.asarray(freqs_cis, jnp.float32)[pos]  # [total, head_dim]
     cos, sin = rows[:, None, 0::2], rows[:, None, 1::2]  # [total, 1, head_dim / 2]
     xf = x.astype(jnp.float32)
     if interleaved:

@@ -26,6 +26,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Generic, Iterator, TypeAlias, TypeVar
 
+from maxjax.graph.buffer import BufferValue
+
 
 
 __all__ = ["DenseKVCacheValues", "KVCacheInputs", "KVCacheInputsPerDevice", "PagedCacheValues", "read_cache", "write_cache"]
@@ -109,10 +111,6 @@ class DenseKVCacheValues:
 
 
 def _is_buffer(v: Any) -> bool:
-    try:
-        from maxjax.graph.buffer import BufferValue
-    except ImportError:  # a checkout without graph buffers
-        return False
     return isinstance(v, BufferValue)
 
 
