@@ -72,9 +72,8 @@ REASONS: dict[str, str] = {
     **_each("MoEQuantized", _QUANT, "nn"),
     **_each("LatentAttentionWithRope",
             _KV, "nn"),
-    **_each("ConstantLayerNorm Conv1D Conv2d Conv3D ConvTranspose1d DynamicRotaryEmbedding GroupNorm HyperConnection LinearScalingParams Llama3RopeScalingParams Llama3RotaryEmbedding LongRoPERotaryEmbedding LongRoPEScalingParams MoE MoEGate MultiheadAttention WeightNormConvTranspose1d YarnRotaryEmbedding YarnScalingParams", _TODO, "nn"),
+    **_each("ConstantLayerNorm Conv1D Conv2d Conv3D ConvTranspose1d DynamicRotaryEmbedding GroupNorm HyperConnection LongRoPERotaryEmbedding LongRoPEScalingParams MoE MoEGate MultiheadAttention WeightNormConvTranspose1d YarnRotaryEmbedding YarnScalingParams", _TODO, "nn"),
     "nn.RMSNorm": "maxjax adds device= (MAX 26.7 puts the weight on the CPU and has no device argument)",
-    "nn.RotaryEmbedding": "maxjax adds device= for the frequency table; MAX's private _freqs_cis cache is internal",
     # max.nn.attention
     **_each("DistributedAttentionImpl TensorParallelAttentionWithRope TensorParallelLatentAttentionWithRope",
             _MESH, "nn.attention"),
@@ -85,8 +84,7 @@ REASONS: dict[str, str] = {
     **_each("VocabParallelEmbedding", _MESH, "nn.embedding"),
     **_each("ConstantLayerNorm GroupNorm", _TODO, "nn.norm"),
     "nn.norm.RMSNorm": "see max.nn.RMSNorm",
-    **_each("DeepseekYarnRopeScalingParams DeepseekYarnRotaryEmbedding DynamicRotaryEmbedding LinearScalingParams Llama3RopeScalingParams Llama3RotaryEmbedding LongRoPERotaryEmbedding LongRoPEScalingParams YarnRotaryEmbedding YarnScalingParams", _TODO, "nn.rotary_embedding"),
-    "nn.rotary_embedding.RotaryEmbedding": "see max.nn.RotaryEmbedding",
+    **_each("DeepseekYarnRopeScalingParams DeepseekYarnRotaryEmbedding DynamicRotaryEmbedding LongRoPERotaryEmbedding LongRoPEScalingParams YarnRotaryEmbedding YarnScalingParams", _TODO, "nn.rotary_embedding"),
     **_each("distributed_logits_postprocess DistributedLogitsPostprocessMixin DistributedTransformer DistributedTransformerBlock", _MESH, "nn.transformer"),
     **_each("LogitsPostprocessMixin",
             _TODO, "nn.transformer"),
@@ -102,11 +100,10 @@ REASONS: dict[str, str] = {
     # max.engine
     **_each("ArtifactBodyMismatch CompilationStopped CompiledModel CompileOnlyExecutionError CompileOnlyModel DebugConfig LogLevel MefStore MissingArtifactError PrintStyle read", _ENGINE, "engine"),
     # max.graph
-    **_each("BufferType", _BUFFER, "graph"),
     **_each("default_custom_extensions default_custom_extensions_scope GraphBlock GraphDebugConfig KernelLibrary ProfileScopeColor Type DevicePlacementPolicy", _MLIR, "graph"),
     "graph.AlgebraicDim": "maxjax's AlgebraicDim holds a symbolic expression (expr=) where MAX's holds an MLIR attribute (attr=)",
     # max.graph.ops
-    **_each("buffer_create buffer_load buffer_store buffer_store_slice", _BUFFER, "graph.ops"),
+    **_each("buffer_create", _BUFFER, "graph.ops"),
     **_each("custom inplace_custom", _CUSTOM, "graph.ops"),
     **_each("allgather_rms_norm allgather_rms_norm_quant_mxfp6 allgather_rms_norm_quant_mxfp8 distributed_broadcast distributed_scatter reduce_scatter_rms_norm shard_and_stack", _MESH, "graph.ops"),
     "graph.ops.side_stream": _DEV,
