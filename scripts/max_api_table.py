@@ -72,7 +72,7 @@ REASONS: dict[str, str] = {
     **_each("MoEQuantized", _QUANT, "nn"),
     **_each("LatentAttentionWithRope",
             _KV, "nn"),
-    **_each("ConstantLayerNorm Conv1D Conv2d Conv3D ConvTranspose1d DynamicRotaryEmbedding GroupNorm HyperConnection LongRoPERotaryEmbedding LongRoPEScalingParams MoE MoEGate MultiheadAttention WeightNormConvTranspose1d YarnRotaryEmbedding YarnScalingParams", _TODO, "nn"),
+    **_each("Conv1D Conv2d Conv3D ConvTranspose1d DynamicRotaryEmbedding HyperConnection LongRoPERotaryEmbedding LongRoPEScalingParams MoE MoEGate MultiheadAttention WeightNormConvTranspose1d YarnRotaryEmbedding YarnScalingParams", _TODO, "nn"),
     "nn.RMSNorm": "maxjax adds device= (MAX 26.7 puts the weight on the CPU and has no device argument)",
     # max.nn.attention
     **_each("DistributedAttentionImpl TensorParallelAttentionWithRope TensorParallelLatentAttentionWithRope",
@@ -82,7 +82,6 @@ REASONS: dict[str, str] = {
     # max.nn.conv, embedding, linear, norm, rotary_embedding, transformer
     **_each("Conv1D Conv2d Conv3D FilterLayout", _TODO, "nn.conv"),
     **_each("VocabParallelEmbedding", _MESH, "nn.embedding"),
-    **_each("ConstantLayerNorm GroupNorm", _TODO, "nn.norm"),
     "nn.norm.RMSNorm": "see max.nn.RMSNorm",
     **_each("DeepseekYarnRopeScalingParams DeepseekYarnRotaryEmbedding DynamicRotaryEmbedding LongRoPERotaryEmbedding LongRoPEScalingParams YarnRotaryEmbedding YarnScalingParams", _TODO, "nn.rotary_embedding"),
     **_each("distributed_logits_postprocess DistributedLogitsPostprocessMixin DistributedTransformer DistributedTransformerBlock", _MESH, "nn.transformer"),
@@ -108,7 +107,7 @@ REASONS: dict[str, str] = {
     **_each("allgather_rms_norm allgather_rms_norm_quant_mxfp6 allgather_rms_norm_quant_mxfp8 distributed_broadcast distributed_scatter reduce_scatter_rms_norm shard_and_stack", _MESH, "graph.ops"),
     "graph.ops.side_stream": _DEV,
     "graph.ops.assert_same_device": _DEV,
-    **_each("as_interleaved_complex avg_pool2d cond constant_external conv2d conv2d_transpose conv3d fold group_norm hann_window irfft masked_scatter max_pool2d non_maximum_suppression nonzero parallel resize resize_bicubic resize_linear resize_nearest roi_align scatter scatter_add scatter_max scatter_min scatter_mul scatter_nd_add scatter_nd_max scatter_nd_min scatter_nd_mul while_loop", _TODO_OPS, "graph.ops"),
+    **_each("as_interleaved_complex avg_pool2d cond constant_external conv2d conv2d_transpose conv3d fold hann_window irfft masked_scatter max_pool2d non_maximum_suppression nonzero parallel resize resize_bicubic resize_linear resize_nearest roi_align scatter scatter_add scatter_max scatter_min scatter_mul scatter_nd_add scatter_nd_max scatter_nd_min scatter_nd_mul while_loop", _TODO_OPS, "graph.ops"),
     # max.graph.weights
     "graph.weights.GGUFWeights": "maxjax adds zero_copy / lazy (memory-mapped, loaded on first use)",
     "graph.weights.SafetensorWeights": "maxjax adds zero_copy; MAX's private _st_* maps are internal",

@@ -10,7 +10,7 @@ from maxjax.nn.linear import ColumnParallelLinear, FusedMLP, GPTQLinear
 from maxjax.nn.stacked_linear import StackedLinear
 from maxjax.nn.clamp import clamp
 from maxjax.nn.quant_config import InputScaleSpec, QuantConfig, QuantFormat, ScaleGranularity, ScaleOrigin, WeightScaleSpec
-from maxjax.nn.norm import LayerNorm, RMSNorm
+from maxjax.nn.norm import ConstantLayerNorm, GroupNorm, LayerNorm, RMSNorm
 from maxjax.nn.rotary_embedding import LinearScalingParams, Llama3RopeScalingParams, Llama3RotaryEmbedding, RotaryEmbedding
 from maxjax.nn.transformer import ReturnHiddenStates, ReturnLogits, Transformer, TransformerBlock
 from maxjax.nn.kv_cache import KVCacheInputs, KVCacheMetrics, KVCacheParams, build_max_lengths_tensors
@@ -26,7 +26,7 @@ __all__ = [
     "build_max_lengths_tensors",
     "ReturnLogits", "Transformer", "RotaryEmbedding", "LinearScalingParams", "Llama3RopeScalingParams",
     "Llama3RotaryEmbedding", "Signals", "TransformerBlock",
-    "Embedding", "HookHandle", "Layer", "LayerList", "LayerNorm", "LayerV2", "Linear", "LoadStateDictResult",
+    "ConstantLayerNorm", "Embedding", "GroupNorm", "HookHandle", "Layer", "LayerList", "LayerNorm", "LayerV2", "Linear", "LoadStateDictResult",
     "MLP", "Module", "RMSNorm", "Sequential", "abstract_state", "functional_call", "init", "state",
     "ColumnParallelLinear", "FusedMLP", "GPTQLinear", "StackedLinear", "clamp", "InputScaleSpec", "QuantConfig",
     "QuantFormat", "ScaleGranularity", "ScaleOrigin", "WeightScaleSpec",

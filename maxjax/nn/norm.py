@@ -1,8 +1,11 @@
-"""``RMSNorm`` and ``LayerNorm`` (MAX's constructor arguments and weight names)."""
+"""``RMSNorm``, ``LayerNorm``, ``ConstantLayerNorm`` and ``GroupNorm`` (MAX's constructor
+arguments and weight names)."""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
+
+import numpy as np
 
 from maxjax.dtype import DType
 from maxjax.graph import ops
@@ -11,7 +14,7 @@ from maxjax.graph.type import DeviceRef
 from maxjax.graph.weight import Weight
 from maxjax.nn.layer import Module
 
-__all__ = ["RMSNorm", "LayerNorm"]
+__all__ = ["ConstantLayerNorm", "GroupNorm", "LayerNorm", "RMSNorm"]
 
 
 class RMSNorm(Module):
@@ -121,3 +124,54 @@ class LayerNorm(Module):
     def __call__(self, x: Any) -> Any:
         beta = self.bias if self.bias is not None else ops.constant(0.0, self.weight.dtype) * self.weight
         return ops.layer_norm(x, self.weight, beta, self.eps)
+
+
+class ConstantLayerNorm(Module):
+    """Layer normalization with constant ``gamma = 1``, ``beta = 0`` (MAX's ``ConstantLayerNorm``:
+    no weights), computed in float32 and cast back to the input's dtype."""
+
+    def __init__(self, dims: int | tuple[int, ...], device: DeviceRef, dtype: DType, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.gamma = np.ones(dims, dtype=np.float32)
+        self.beta = np.zeros(dims, dtype=np.float32)
+        self.eps, self.device, self.dtype = eps, device, dtype
+
+    def __call__(self, input: Any) -> Any:  # noqa: A002 - MAX's name
+        gamma = ops.constant(self.gamma, DType.float32)
+        beta = ops.constant(self.beta, DType.float32)
+        return ops.cast(ops.layer_norm(ops.cast(input, DType.float32), gamma, beta, self.eps), input.dtype)
+
+
+class GroupNorm(Module):
+    """Group normalization of ``x [N, C, *]`` (MAX's ``GroupNorm``; ``ops.group_norm``) with
+    float32 ``weight``/``bias`` ``[num_channels]`` when ``affine``.
+
+    Raises:
+        ValueError: ``num_channels`` not divisible by ``num_groups``; (called) an input of rank
+            below 2 or with another channel count.
+    """
+
+    def __init__(
+        self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, device: DeviceRef = DeviceRef.GPU()
+    ) -> None:  # noqa: B008 - MAX's default
+        super().__init__()
+        if num_channels % num_groups:
+            raise ValueError(f"num_channels({num_channels}) should be divisible by num_groups({num_groups})")
+        self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
+        self.weight: Weight | None = None
+        self.bias: Weight | None = None
+        if affine:
+            self.weight = Weight("weight", DType.float32, (num_channels,), device)
+            self.bias = Weight("bias", DType.float32, (num_channels,), device)
+
+    def __call__(self, x: Any) -> Any:
+        if len(x.shape) < 2:
+            raise ValueError(f"Expected input tensor with >=2 dimensions, got shape {x.shape}")
+        if x.shape[1] != self.num_channels:
+            raise ValueError(f"Expected {self.num_channels} channels, got shape {x.shape}")
+        if self.affine:
+            gamma, beta = ops.cast(self.weight, x.dtype), ops.cast(self.bias, x.dtype)
+        else:
+            gamma = ops.constant(np.ones(self.num_channels, np.float32), x.dtype)
+            beta = ops.constant(np.zeros(self.num_channels, np.float32), x.dtype)
+        return ops.group_norm(x, gamma, beta, self.num_groups, self.eps)
