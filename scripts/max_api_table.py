@@ -72,13 +72,12 @@ REASONS: dict[str, str] = {
     **_each("MoEQuantized", _QUANT, "nn"),
     **_each("LatentAttentionWithRope",
             _KV, "nn"),
-    **_each("Conv1D Conv2d Conv3D ConvTranspose1d DynamicRotaryEmbedding HyperConnection LongRoPERotaryEmbedding LongRoPEScalingParams MoE MoEGate MultiheadAttention WeightNormConvTranspose1d YarnRotaryEmbedding YarnScalingParams", _TODO, "nn"),
+    **_each("Conv1D Conv2d Conv3D ConvTranspose1d DynamicRotaryEmbedding HyperConnection LongRoPERotaryEmbedding LongRoPEScalingParams MoE MoEGate WeightNormConvTranspose1d YarnRotaryEmbedding YarnScalingParams", _TODO, "nn"),
     "nn.RMSNorm": "maxjax adds device= (MAX 26.7 puts the weight on the CPU and has no device argument)",
     # max.nn.attention
     **_each("DistributedAttentionImpl TensorParallelAttentionWithRope TensorParallelLatentAttentionWithRope",
             _MESH, "nn.attention"),
     **_each("LatentAttentionWithRope", _KV, "nn.attention"),
-    **_each("MultiheadAttention", _TODO, "nn.attention"),
     # max.nn.conv, embedding, linear, norm, rotary_embedding, transformer
     **_each("Conv1D Conv2d Conv3D FilterLayout", _TODO, "nn.conv"),
     **_each("VocabParallelEmbedding", _MESH, "nn.embedding"),

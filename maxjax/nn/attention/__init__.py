@@ -5,9 +5,10 @@ from maxjax.nn.attention.attention_with_rope import (
     num_heads_for_device,
 )
 from maxjax.nn.attention.mask_config import AttentionMaskVariant, MHAMaskVariant
+from maxjax.nn.attention.multihead_attention import MultiheadAttention
 from maxjax.nn.attention.ragged_attention import RaggedAttention
 
 __all__ = [
-    "AttentionMaskVariant", "AttentionWithRope", "GGUFQAttentionWithRope", "GPTQAttentionWithRope", "MHAMaskVariant", "RaggedAttention",
+    "AttentionMaskVariant", "AttentionWithRope", "GGUFQAttentionWithRope", "GPTQAttentionWithRope", "MHAMaskVariant", "MultiheadAttention", "RaggedAttention",
     "num_heads_for_device",
 ]

@@ -1,4 +1,4 @@
-"""Attention mask variants (MAX's ``max/nn/attention/mask_config.py``)."""
+"""Attention mask variants (MAX's ``max/nn/attention/mask_config.py``; members and values as MAX 26.7)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,15 @@ class MHAMaskVariant(str, Enum):
     NULL_MASK = "2"
     CHUNKED_CAUSAL_MASK = "3"
     SLIDING_WINDOW_CAUSAL_MASK = "4"
+    SLIDING_WINDOW_NONCAUSAL_MASK = "5"
 
 
 class AttentionMaskVariant(str, Enum):
     """MAX's attention mask kinds."""
 
-    NULL_MASK = "null_mask"
-    CAUSAL_MASK = "causal_mask"
+    NULL_MASK = "null"
+    CAUSAL_MASK = "causal"
     TENSOR_MASK = "tensor_mask"
-    CHUNKED_CAUSAL_MASK = "chunked_causal_mask"
-    SLIDING_WINDOW_CAUSAL_MASK = "sliding_window_causal_mask"
+    CHUNKED_CAUSAL_MASK = "chunked_causal"
+    SLIDING_WINDOW_CAUSAL_MASK = "sliding_window_causal"
+    SLIDING_WINDOW_NONCAUSAL_MASK = "sliding_window_noncausal"
