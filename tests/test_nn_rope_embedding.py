@@ -26,10 +26,24 @@ def _cases():
             64, 4, 500000.0, 32, head_dim=16, interleaved=False,
             scaling_params=nn.Llama3RopeScalingParams(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, orig_max_position=8192),
         ),
+        "yarn": nn.YarnRotaryEmbedding(
+            64, 4, 10000.0, 32, head_dim=16, interleaved=True,
+            scaling_params=nn.YarnScalingParams(factor=4.0, beta_fast=32.0, beta_slow=1.0, original_max_position_embeddings=16, truncate=True),
+        ),
+        "longrope": nn.LongRoPERotaryEmbedding(
+            64, 4, 10000.0, 32, head_dim=16, interleaved=False,
+            scaling_params=nn.LongRoPEScalingParams(
+                short_factor=[1.0, 1.1, 1.2, 1.3, 1.5, 1.7, 2.0, 2.5], long_factor=[1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0],
+                original_max_position=4, max_position_embeddings=64,
+            ),
+        ),
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["plain_inter", "plain_halves", "llama3"])
+NAMES = ["plain_inter", "plain_halves", "llama3", "yarn", "longrope"]
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_freqs_cis_and_outputs_match_max_in_three_modes(name):
     rope = _cases()[name]
     x = REF["x"]
@@ -46,7 +60,7 @@ def test_freqs_cis_and_outputs_match_max_in_three_modes(name):
     np.testing.assert_allclose(got, REF[f"{name}.out_start3"], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["plain_inter", "plain_halves", "llama3"])
+@pytest.mark.parametrize("name", NAMES)
 def test_rotate_at_positions_equals_maxs_table_rows(name):
     """maxjax's rotate (angles on the fly, any positions) against MAX's __call__ at those
     positions: a padded batch whose rows start at different positions."""
@@ -69,3 +83,7 @@ def test_signatures_and_types_are_maxs():
     ]  # fmt: skip
     with pytest.raises(ValueError, match="head_dim must be even"):
         nn.RotaryEmbedding(63, 7, 1e4, 16)
+
+
+def test_longrope_attention_scale_is_maxs():
+    np.testing.assert_allclose(_cases()["longrope"].compute_scale(), float(REF["longrope.scale"]), rtol=1e-7)

@@ -11,7 +11,10 @@ from maxjax.nn.stacked_linear import StackedLinear
 from maxjax.nn.clamp import clamp
 from maxjax.nn.quant_config import InputScaleSpec, QuantConfig, QuantFormat, ScaleGranularity, ScaleOrigin, WeightScaleSpec
 from maxjax.nn.norm import ConstantLayerNorm, GroupNorm, LayerNorm, RMSNorm
-from maxjax.nn.rotary_embedding import LinearScalingParams, Llama3RopeScalingParams, Llama3RotaryEmbedding, RotaryEmbedding
+from maxjax.nn.rotary_embedding import (
+    LinearScalingParams, Llama3RopeScalingParams, Llama3RotaryEmbedding, LongRoPERotaryEmbedding, LongRoPEScalingParams,
+    RotaryEmbedding, YarnRotaryEmbedding, YarnScalingParams,
+)
 from maxjax.nn.transformer import ReturnHiddenStates, ReturnLogits, Transformer, TransformerBlock
 from maxjax.nn.kv_cache import KVCacheInputs, KVCacheMetrics, KVCacheParams, build_max_lengths_tensors
 from maxjax.nn.identity import Identity
@@ -25,7 +28,7 @@ __all__ = [
     "Allreduce", "AttentionWithRope", "GGUFQAttentionWithRope", "GPTQAttentionWithRope", "MultiheadAttention", "KVCacheInputs", "KVCacheMetrics", "KVCacheParams", "RaggedAttention", "ReturnHiddenStates",
     "build_max_lengths_tensors",
     "ReturnLogits", "Transformer", "RotaryEmbedding", "LinearScalingParams", "Llama3RopeScalingParams",
-    "Llama3RotaryEmbedding", "Signals", "TransformerBlock",
+    "Llama3RotaryEmbedding", "LongRoPERotaryEmbedding", "LongRoPEScalingParams", "YarnRotaryEmbedding", "YarnScalingParams", "Signals", "TransformerBlock",
     "ConstantLayerNorm", "Embedding", "GroupNorm", "HookHandle", "Layer", "LayerList", "LayerNorm", "LayerV2", "Linear", "LoadStateDictResult",
     "MLP", "Module", "RMSNorm", "Sequential", "abstract_state", "functional_call", "init", "state",
     "ColumnParallelLinear", "FusedMLP", "GPTQLinear", "StackedLinear", "clamp", "InputScaleSpec", "QuantConfig",

@@ -27,7 +27,10 @@ from maxjax.dtype import DType
 from maxjax.graph import ops
 from maxjax.nn.layer import Module
 
-__all__ = ["LinearScalingParams", "Llama3RopeScalingParams", "Llama3RotaryEmbedding", "RotaryEmbedding"]
+__all__ = [
+    "LinearScalingParams", "Llama3RopeScalingParams", "Llama3RotaryEmbedding", "LongRoPERotaryEmbedding",
+    "LongRoPEScalingParams", "RotaryEmbedding", "YarnRotaryEmbedding", "YarnScalingParams",
+]  # fmt: skip
 
 
 class RotaryEmbedding(Module):
@@ -84,15 +87,26 @@ class RotaryEmbedding(Module):
         """A factor on cos and sin (1.0 here; YaRN-style scalings have another)."""
         return 1.0
 
+    def _table_length(self) -> int:
+        """Positions in ``freqs_cis`` (MAX: ``2 * max_seq_len``)."""
+        return self.max_seq_len * 2
+
+    def _angles(self, t: Any, xp: Any) -> Any:
+        """float32 angles ``[*t.shape, head_dim // 2]`` at float32 positions ``t`` (``xp`` is
+        ``numpy`` for the table or the graph ``ops`` for :meth:`rotate`: the same products)."""
+        if xp is np:
+            return t[..., None] * self.inv_freqs()
+        return ops.unsqueeze(t, -1) * ops.constant(self.inv_freqs(), DType.float32)
+
     def _freqs_table(self) -> np.ndarray:
-        """float32 ``[2 * max_seq_len, head_dim // 2, 2]``: (cos, sin) of ``outer(t, inv_freqs)``."""
+        """float32 ``[positions, head_dim // 2, 2]``: (cos, sin) of the angles at ``0, 1, ...``."""
         if self._table is None:
             if self._freqs_cis is not None:
                 table = np.asarray(self._freqs_cis, np.float32)
                 self._table = table.reshape(table.shape[0], -1, 2)
             else:
-                t = np.arange(self.max_seq_len * 2, dtype=np.float32)
-                freqs = np.outer(t, self.inv_freqs())  # [2 * max_seq_len, head_dim // 2] float32
+                t = np.arange(self._table_length(), dtype=np.float32)
+                freqs = self._angles(t, np).astype(np.float32)  # [positions, head_dim // 2] float32
                 f = np.float32(self.attention_factor())
                 self._table = np.stack([np.cos(freqs) * f, np.sin(freqs) * f], axis=-1).astype(np.float32)
         return self._table
@@ -114,8 +128,7 @@ class RotaryEmbedding(Module):
     def rotate(self, x: Any, positions: Any) -> Any:
         """``x [..., n_heads, head_dim]`` rotated at integer ``positions`` (broadcastable to
         ``x.shape[:-2]``), in float32; returns x's dtype. Equal to applying ``freqs_cis`` rows."""
-        inv = ops.constant(self.inv_freqs(), DType.float32)
-        angles = ops.unsqueeze(ops.cast(positions, DType.float32), -1) * inv  # [*positions, head_dim // 2]
+        angles = self._angles(ops.cast(positions, DType.float32), ops)  # [*positions, head_dim // 2]
         cos, sin = ops.cos(angles), ops.sin(angles)
         if self.attention_factor() != 1.0:
             f = ops.constant(self.attention_factor(), DType.float32)
@@ -199,3 +212,122 @@ class Llama3RotaryEmbedding(RotaryEmbedding):
         f = np.float32(p.factor)
         mid = (1 - smooth) * inv / f + smooth * inv
         return np.where(wave_len < high_wavelen, inv, np.where(wave_len > low_wavelen, inv / f, mid)).astype(np.float32)
+
+
+@dataclass
+class YarnScalingParams:
+    """YaRN's scaling (MAX's fields; Peng et al., 2023, arXiv:2309.00071)."""
+
+    factor: float
+    beta_fast: float
+    beta_slow: float
+    original_max_position_embeddings: int
+    truncate: bool
+
+
+@dataclass
+class LongRoPEScalingParams:
+    """LongRoPE's per-frequency factors (MAX's fields; Phi-3.5)."""
+
+    short_factor: list[float]
+    long_factor: list[float]
+    original_max_position: int
+    max_position_embeddings: int
+
+
+def _yarn_correction_dim(num_rotations: float, dim: int, base: float, max_position: int) -> np.float32:
+    f = np.float32
+    return (f(dim) * np.log(f(max_position) / (f(num_rotations) * f(2 * math.pi)))) / (f(2) * np.log(f(base)))
+
+
+class YarnRotaryEmbedding(RotaryEmbedding):
+    """RoPE with YaRN frequency interpolation (MAX's ``YarnRotaryEmbedding``): frequencies blend
+    between extrapolated and interpolated (``/ factor``) by a linear ramp over the dimensions
+    between the ``beta_fast``/``beta_slow`` correction dims; cos and sin are multiplied by
+    ``0.1 * ln(factor) + 1``. As in MAX, ``freqs_cis`` covers ``max_seq_len`` positions (not twice).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        theta: float,
+        max_seq_len: int,
+        head_dim: int | None = None,
+        _freqs_cis: Any = None,
+        interleaved: bool = True,
+        scaling_params: YarnScalingParams | None = None,
+    ) -> None:
+        super().__init__(dim, n_heads, theta, max_seq_len, head_dim, _freqs_cis, interleaved)
+        self.scaling_params = scaling_params
+
+    def _table_length(self) -> int:
+        return self.max_seq_len if self.scaling_params is not None else super()._table_length()
+
+    def attention_factor(self) -> float:
+        p = self.scaling_params
+        return 1.0 if p is None or p.factor <= 1 else 0.1 * math.log(p.factor) + 1.0
+
+    def _compute_inv_freqs(self) -> np.ndarray:
+        p = self.scaling_params
+        if p is None:
+            return super()._compute_inv_freqs()
+        n, half = self.head_dim, self.head_dim // 2
+        base = float(self.theta) ** (np.arange(0, n, 2, dtype=np.float64) / float(n))
+        extra = (1.0 / base).astype(np.float32)
+        inter = (1.0 / (p.factor * base)).astype(np.float32)
+        low = max(np.floor(_yarn_correction_dim(p.beta_fast, n, self.theta, p.original_max_position_embeddings)), np.float32(0))
+        high = min(np.trunc(_yarn_correction_dim(p.beta_slow, n, self.theta, p.original_max_position_embeddings)) + 1, np.float32(n - 1))
+        diff = np.float32(high - low) if high != low else np.float32(0.001)
+        ramp = np.clip((np.arange(half, dtype=np.float32) - np.float32(low)) / diff, 0, 1).astype(np.float32)
+        mask = (np.float32(1) - ramp).astype(np.float32)
+        return (inter * (1 - mask) + extra * mask).astype(np.float32)
+
+
+class LongRoPERotaryEmbedding(RotaryEmbedding):
+    """RoPE with LongRoPE's factors (MAX's ``LongRoPERotaryEmbedding``): positions below
+    ``original_max_position`` use ``inv_freqs / short_factor``, later ones ``inv_freqs /
+    long_factor`` (the table is stitched at that position); :meth:`compute_scale` adds the
+    attention factor ``sqrt(1 + ln(s) / ln(original_max_position))`` for ``s =
+    max_position_embeddings / original_max_position > 1``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        theta: float,
+        max_seq_len: int,
+        head_dim: int | None = None,
+        _freqs_cis: Any = None,
+        interleaved: bool = True,
+        scaling_params: LongRoPEScalingParams | None = None,
+    ) -> None:
+        super().__init__(dim, n_heads, theta, max_seq_len, head_dim, _freqs_cis, interleaved)
+        self.scaling_params = scaling_params
+
+    def _scaled(self, factors: list[float]) -> np.ndarray:
+        inv = self.inv_freqs()
+        return (inv / np.asarray(factors[: inv.shape[0]], np.float32)).astype(np.float32)
+
+    def _angles(self, t: Any, xp: Any) -> Any:
+        p = self.scaling_params
+        if p is None:
+            return super()._angles(t, xp)
+        short, long = self._scaled(p.short_factor), self._scaled(p.long_factor)
+        if xp is np:
+            return np.where(t[..., None] < p.original_max_position, t[..., None] * short, t[..., None] * long)
+        tt = ops.unsqueeze(t, -1)
+        is_short = tt < ops.constant(float(p.original_max_position), DType.float32)
+        return ops.where(is_short, tt * ops.constant(short, DType.float32), tt * ops.constant(long, DType.float32))
+
+    def compute_scale(self, user_scale: float | None = None) -> float:
+        if user_scale is not None:
+            return user_scale
+        scale = super().compute_scale(None)
+        p = self.scaling_params
+        if p:
+            factor = p.max_position_embeddings / p.original_max_position
+            if factor > 1.0:
+                scale *= math.sqrt(1 + math.log(factor) / math.log(p.original_max_position))
+        return scale

@@ -9,7 +9,10 @@ def build() -> dict[str, np.ndarray]:
     from max.dtype import DType
     from max.engine import InferenceSession
     from max.graph import DeviceRef, Graph, TensorType
-    from max.nn import Llama3RopeScalingParams, Llama3RotaryEmbedding, RotaryEmbedding
+    from max.nn import (
+        Llama3RopeScalingParams, Llama3RotaryEmbedding, LongRoPERotaryEmbedding, LongRoPEScalingParams, RotaryEmbedding,
+        YarnRotaryEmbedding, YarnScalingParams,
+    )
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 5, 4, 16)).astype(np.float32)  # [batch, seq, heads, head_dim]
@@ -19,6 +22,17 @@ def build() -> dict[str, np.ndarray]:
         "llama3": Llama3RotaryEmbedding(
             64, 4, 500000.0, 32, head_dim=16, interleaved=False,
             scaling_params=Llama3RopeScalingParams(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, orig_max_position=8192),
+        ),
+        "yarn": YarnRotaryEmbedding(
+            64, 4, 10000.0, 32, head_dim=16, interleaved=True,
+            scaling_params=YarnScalingParams(factor=4.0, beta_fast=32.0, beta_slow=1.0, original_max_position_embeddings=16, truncate=True),
+        ),
+        "longrope": LongRoPERotaryEmbedding(
+            64, 4, 10000.0, 32, head_dim=16, interleaved=False,
+            scaling_params=LongRoPEScalingParams(
+                short_factor=[1.0, 1.1, 1.2, 1.3, 1.5, 1.7, 2.0, 2.5], long_factor=[1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0],
+                original_max_position=4, max_position_embeddings=64,
+            ),
         ),
     }  # fmt: skip
 
@@ -33,4 +47,5 @@ def build() -> dict[str, np.ndarray]:
     out = {"x": x}
     for i, name in enumerate(cases):
         out[f"{name}.freqs_cis"], out[f"{name}.out"], out[f"{name}.out_start3"] = res[3 * i : 3 * i + 3]
+    out["longrope.scale"] = np.asarray(cases["longrope"].compute_scale())
     return out
