@@ -72,14 +72,13 @@ REASONS: dict[str, str] = {
     **_each("MoEQuantized", _QUANT, "nn"),
     **_each("LatentAttentionWithRope",
             _KV, "nn"),
-    **_each("Conv1D Conv2d Conv3D ConvTranspose1d DynamicRotaryEmbedding HyperConnection MoE MoEGate WeightNormConvTranspose1d", _TODO, "nn"),
+    **_each("ConvTranspose1d DynamicRotaryEmbedding HyperConnection MoE MoEGate WeightNormConvTranspose1d", _TODO, "nn"),
     "nn.RMSNorm": "maxjax adds device= (MAX 26.7 puts the weight on the CPU and has no device argument)",
     # max.nn.attention
     **_each("DistributedAttentionImpl TensorParallelAttentionWithRope TensorParallelLatentAttentionWithRope",
             _MESH, "nn.attention"),
     **_each("LatentAttentionWithRope", _KV, "nn.attention"),
     # max.nn.conv, embedding, linear, norm, rotary_embedding, transformer
-    **_each("Conv1D Conv2d Conv3D FilterLayout", _TODO, "nn.conv"),
     **_each("VocabParallelEmbedding", _MESH, "nn.embedding"),
     "nn.norm.RMSNorm": "see max.nn.RMSNorm",
     **_each("DeepseekYarnRopeScalingParams DeepseekYarnRotaryEmbedding DynamicRotaryEmbedding", _TODO, "nn.rotary_embedding"),
@@ -106,7 +105,7 @@ REASONS: dict[str, str] = {
     **_each("allgather_rms_norm allgather_rms_norm_quant_mxfp6 allgather_rms_norm_quant_mxfp8 distributed_broadcast distributed_scatter reduce_scatter_rms_norm shard_and_stack", _MESH, "graph.ops"),
     "graph.ops.side_stream": _DEV,
     "graph.ops.assert_same_device": _DEV,
-    **_each("as_interleaved_complex avg_pool2d cond constant_external conv2d conv2d_transpose conv3d fold hann_window irfft masked_scatter max_pool2d non_maximum_suppression nonzero parallel resize resize_bicubic resize_linear resize_nearest roi_align scatter scatter_add scatter_max scatter_min scatter_mul scatter_nd_add scatter_nd_max scatter_nd_min scatter_nd_mul while_loop", _TODO_OPS, "graph.ops"),
+    **_each("as_interleaved_complex avg_pool2d cond constant_external conv2d_transpose fold hann_window irfft masked_scatter max_pool2d non_maximum_suppression nonzero parallel resize resize_bicubic resize_linear resize_nearest roi_align scatter scatter_add scatter_max scatter_min scatter_mul scatter_nd_add scatter_nd_max scatter_nd_min scatter_nd_mul while_loop", _TODO_OPS, "graph.ops"),
     # max.graph.weights
     "graph.weights.GGUFWeights": "maxjax adds zero_copy / lazy (memory-mapped, loaded on first use)",
     "graph.weights.SafetensorWeights": "maxjax adds zero_copy; MAX's private _st_* maps are internal",

@@ -18,6 +18,8 @@ from jax import export as jax_export
 from maxjax.dtype import DType
 
 __all__ = [
+    "ConvInputLayout",
+    "FilterLayout",
     "BufferType",
     "Dim",
     "StaticDim",
@@ -480,3 +482,21 @@ class BufferType(TensorType):
 
     def __repr__(self) -> str:
         return f"BufferType(dtype={self.dtype!r}, shape={self.shape!r}, device={self.device})"
+
+
+class FilterLayout(str, enum.Enum):
+    """Axis order of a convolution filter (MAX's ``FilterLayout``): R, S (and Q) spatial, C input
+    channels, F output channels."""
+
+    RSCF = "RSCF"
+    QRSCF = "QRSCF"
+    FCRS = "FCRS"
+    FCQRS = "FCQRS"
+    CFRS = "CFRS"
+
+
+class ConvInputLayout(str, enum.Enum):
+    """Axis order of a convolution input (MAX's ``ConvInputLayout``)."""
+
+    NHWC = "NHWC"
+    NCHW = "NCHW"

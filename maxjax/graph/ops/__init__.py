@@ -8,6 +8,7 @@ from maxjax.graph.ops import allreduce
 from maxjax.graph.ops._core import apply, op_traits
 from maxjax.graph.ops.buffer import buffer_create, buffer_load, buffer_store, buffer_store_slice
 from maxjax.graph.ops.call import call
+from maxjax.graph.ops.conv import conv2d, conv3d
 from maxjax.graph.ops.group_norm import group_norm
 from maxjax.graph.ops.elementwise import (
     abs, acos, add, atanh, ceil, cos, div, equal, erf, exp, floor, floor_div, gelu, greater, greater_equal,
@@ -26,7 +27,7 @@ from maxjax.graph.ops.shape import (
 )
 
 __all__ = [
-    "group_norm", "buffer_create", "buffer_load", "buffer_store", "buffer_store_slice",
+    "conv2d", "conv3d", "group_norm", "buffer_create", "buffer_load", "buffer_store", "buffer_store_slice",
     "abs", "acos", "add", "allgather", "allreduce", "apply", "argmax", "argmin", "argsort", "atanh", "band_part", "bottom_k",
     "broadcast_to", "call", "cast", "ceil", "chunk", "concat", "constant", "cos", "cumsum", "dequantize",
     "div", "equal", "erf", "exp", "flatten", "floor", "floor_div", "gather", "gather_nd", "gelu", "greater",
