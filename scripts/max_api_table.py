@@ -72,7 +72,7 @@ REASONS: dict[str, str] = {
     **_each("MoEQuantized", _QUANT, "nn"),
     **_each("LatentAttentionWithRope",
             _KV, "nn"),
-    **_each("ConvTranspose1d DynamicRotaryEmbedding HyperConnection MoE MoEGate WeightNormConvTranspose1d", _TODO, "nn"),
+    **_each("ConvTranspose1d HyperConnection MoE MoEGate WeightNormConvTranspose1d", _TODO, "nn"),
     "nn.RMSNorm": "maxjax adds device= (MAX 26.7 puts the weight on the CPU and has no device argument)",
     # max.nn.attention
     **_each("DistributedAttentionImpl TensorParallelAttentionWithRope TensorParallelLatentAttentionWithRope",
@@ -81,7 +81,7 @@ REASONS: dict[str, str] = {
     # max.nn.conv, embedding, linear, norm, rotary_embedding, transformer
     **_each("VocabParallelEmbedding", _MESH, "nn.embedding"),
     "nn.norm.RMSNorm": "see max.nn.RMSNorm",
-    **_each("DeepseekYarnRopeScalingParams DeepseekYarnRotaryEmbedding DynamicRotaryEmbedding", _TODO, "nn.rotary_embedding"),
+    **_each("DeepseekYarnRopeScalingParams DeepseekYarnRotaryEmbedding", _TODO, "nn.rotary_embedding"),
     **_each("distributed_logits_postprocess DistributedLogitsPostprocessMixin DistributedTransformer DistributedTransformerBlock", _MESH, "nn.transformer"),
     **_each("LogitsPostprocessMixin",
             _TODO, "nn.transformer"),

@@ -87,3 +87,12 @@ def test_signatures_and_types_are_maxs():
 
 def test_longrope_attention_scale_is_maxs():
     np.testing.assert_allclose(_cases()["longrope"].compute_scale(), float(REF["longrope.scale"]), rtol=1e-7)
+
+
+def test_dynamic_rope_grows_its_table_as_max_does():
+    dyn = nn.DynamicRotaryEmbedding(64, 4, 10000.0, 16, head_dim=16, interleaved=True)
+    assert np.asarray(dyn.freqs_cis).shape == (32, 16)
+    dyn.maybe_update_freqs(np.arange(48))
+    np.testing.assert_allclose(np.asarray(dyn.freqs_cis), REF["dynamic.freqs_cis"], rtol=1e-6, atol=1e-6)
+    dyn.maybe_update_freqs(np.arange(8))  # shorter than the original length: back to it
+    assert dyn.max_seq_len_cached == 16 and np.asarray(dyn.freqs_cis).shape == (32, 16)

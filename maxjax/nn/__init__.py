@@ -13,7 +13,7 @@ from maxjax.nn.clamp import clamp
 from maxjax.nn.quant_config import InputScaleSpec, QuantConfig, QuantFormat, ScaleGranularity, ScaleOrigin, WeightScaleSpec
 from maxjax.nn.norm import ConstantLayerNorm, GroupNorm, LayerNorm, RMSNorm
 from maxjax.nn.rotary_embedding import (
-    LinearScalingParams, Llama3RopeScalingParams, Llama3RotaryEmbedding, LongRoPERotaryEmbedding, LongRoPEScalingParams,
+    DynamicRotaryEmbedding, LinearScalingParams, Llama3RopeScalingParams, Llama3RotaryEmbedding, LongRoPERotaryEmbedding, LongRoPEScalingParams,
     RotaryEmbedding, YarnRotaryEmbedding, YarnScalingParams,
 )
 from maxjax.nn.transformer import ReturnHiddenStates, ReturnLogits, Transformer, TransformerBlock
@@ -29,7 +29,7 @@ __all__ = [
     "Allreduce", "AttentionWithRope", "GGUFQAttentionWithRope", "GPTQAttentionWithRope", "MultiheadAttention", "KVCacheInputs", "KVCacheMetrics", "KVCacheParams", "RaggedAttention", "ReturnHiddenStates",
     "build_max_lengths_tensors",
     "ReturnLogits", "Transformer", "RotaryEmbedding", "LinearScalingParams", "Llama3RopeScalingParams",
-    "Llama3RotaryEmbedding", "LongRoPERotaryEmbedding", "LongRoPEScalingParams", "YarnRotaryEmbedding", "YarnScalingParams", "Signals", "TransformerBlock",
+    "Llama3RotaryEmbedding", "LongRoPERotaryEmbedding", "LongRoPEScalingParams", "YarnRotaryEmbedding", "DynamicRotaryEmbedding", "YarnScalingParams", "Signals", "TransformerBlock",
     "ConstantLayerNorm", "Conv1D", "Conv2d", "Conv3D", "Embedding", "GroupNorm", "HookHandle", "Layer", "LayerList", "LayerNorm", "LayerV2", "Linear", "LoadStateDictResult",
     "MLP", "Module", "RMSNorm", "Sequential", "abstract_state", "functional_call", "init", "state",
     "ColumnParallelLinear", "FusedMLP", "GPTQLinear", "StackedLinear", "clamp", "InputScaleSpec", "QuantConfig",

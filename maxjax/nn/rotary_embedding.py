@@ -28,7 +28,7 @@ from maxjax.graph import ops
 from maxjax.nn.layer import Module
 
 __all__ = [
-    "LinearScalingParams", "Llama3RopeScalingParams", "Llama3RotaryEmbedding", "LongRoPERotaryEmbedding",
+    "DynamicRotaryEmbedding", "LinearScalingParams", "Llama3RopeScalingParams", "Llama3RotaryEmbedding", "LongRoPERotaryEmbedding",
     "LongRoPEScalingParams", "RotaryEmbedding", "YarnRotaryEmbedding", "YarnScalingParams",
 ]  # fmt: skip
 
@@ -331,3 +331,71 @@ class LongRoPERotaryEmbedding(RotaryEmbedding):
             if factor > 1.0:
                 scale *= math.sqrt(1 + math.log(factor) / math.log(p.original_max_position))
         return scale
+
+
+class DynamicRotaryEmbedding(RotaryEmbedding):
+    """MAX's ``DynamicRotaryEmbedding``: a table that grows with the sequences it is asked for.
+
+    :meth:`maybe_update_freqs` ``(position_ids)`` (MAX's, called while a graph is built) sets the
+    table's length from ``position_ids``'s static first dimension: longer than the cached length
+    grows it (a symbolic one grows it to ``max(cached, 2 * original)``), shorter than the
+    original length resets it and the original frequencies. The frequencies themselves are
+    unscaled, as in MAX 26.7. This mutates the module as MAX's does: call it while building,
+    not inside a traced function that shares the module.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        theta: float,
+        max_seq_len: int,
+        head_dim: int | None = None,
+        _freqs_cis: Any = None,
+        interleaved: bool = True,
+    ) -> None:
+        super().__init__(dim, n_heads, theta, max_seq_len, head_dim, _freqs_cis, interleaved)
+        self.original_max_seq_len = max_seq_len
+        self.max_seq_len_cached = max_seq_len
+        self._inv_freq: np.ndarray | None = None
+        self._freqs_cis = None
+
+    @property
+    def original_inv_freq(self) -> np.ndarray:
+        """The frequencies at the original length, float32 ``[head_dim // 2]``."""
+        return self._compute_inv_freqs()
+
+    @property
+    def inv_freq(self) -> np.ndarray:
+        """The frequencies the table is computed from."""
+        return self.original_inv_freq if self._inv_freq is None else self._inv_freq
+
+    @inv_freq.setter
+    def inv_freq(self, value: Any) -> None:
+        self._inv_freq = np.asarray(value, np.float32)
+        self.__dict__.pop("_inv", None)
+        self._table = None
+
+    def inv_freqs(self) -> np.ndarray:
+        return self.inv_freq
+
+    def _table_length(self) -> int:
+        return self.max_seq_len_cached * 2
+
+    def maybe_update_freqs(self, position_ids: Any) -> None:
+        """Grows (or resets) the table for ``position_ids`` (see the class docstring)."""
+        shape = getattr(position_ids, "shape", np.shape(position_ids))
+        if len(shape) > 0:
+            try:
+                seq_len = int(shape[0])
+            except TypeError:
+                seq_len = max(self.max_seq_len_cached, self.original_max_seq_len * 2)
+        else:
+            seq_len = 1
+        if seq_len > self.max_seq_len_cached:
+            self.max_seq_len_cached = seq_len
+            self._table = None
+        elif seq_len < self.original_max_seq_len and self.max_seq_len_cached > self.original_max_seq_len:
+            self.inv_freq = self.original_inv_freq
+            self.max_seq_len_cached = self.original_max_seq_len
+            self._table = None

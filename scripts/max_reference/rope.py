@@ -10,7 +10,7 @@ def build() -> dict[str, np.ndarray]:
     from max.engine import InferenceSession
     from max.graph import DeviceRef, Graph, TensorType
     from max.nn import (
-        Llama3RopeScalingParams, Llama3RotaryEmbedding, LongRoPERotaryEmbedding, LongRoPEScalingParams, RotaryEmbedding,
+        DynamicRotaryEmbedding, Llama3RopeScalingParams, Llama3RotaryEmbedding, LongRoPERotaryEmbedding, LongRoPEScalingParams, RotaryEmbedding,
         YarnRotaryEmbedding, YarnScalingParams,
     )
 
@@ -48,4 +48,13 @@ def build() -> dict[str, np.ndarray]:
     for i, name in enumerate(cases):
         out[f"{name}.freqs_cis"], out[f"{name}.out"], out[f"{name}.out_start3"] = res[3 * i : 3 * i + 3]
     out["longrope.scale"] = np.asarray(cases["longrope"].compute_scale())
+    # DynamicRotaryEmbedding: the table grows to the positions asked for (48 > max_seq_len 16)
+    dyn = DynamicRotaryEmbedding(64, 4, 10000.0, 16, head_dim=16, interleaved=True)
+
+    def dyn_forward(pos):
+        dyn.maybe_update_freqs(pos)
+        return dyn.freqs_cis
+
+    g = Graph("dyn", forward=dyn_forward, input_types=[TensorType(DType.int64, [48], DeviceRef.CPU())])
+    out["dynamic.freqs_cis"] = InferenceSession().load(g).execute(np.arange(48, dtype=np.int64))[0].to_numpy()
     return out
