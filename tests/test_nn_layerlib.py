@@ -29,6 +29,13 @@ REF = load("layerlib")
 CPU = DeviceRef.CPU()
 
 
+@pytest.fixture(autouse=True)
+def _collect_earlier_hooks():
+    """A PrintHook prints its summary when it is collected (MAX's ``__del__``): collect the hooks
+    of earlier tests before this test captures its output."""
+    gc.collect()
+
+
 def _graph(fn, arrays, dims=None):
     """Runs ``fn(*graph_inputs)`` as a maxjax graph on ``arrays`` (symbolic dims where given)."""
     types = [TensorType(DType.of(a.dtype), (dims[i] if dims and dims[i] else a.shape), CPU) for i, a in enumerate(arrays)]

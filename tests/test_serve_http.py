@@ -253,7 +253,10 @@ def test_a_full_queue_answers_429_and_a_burst_of_200_leaves_the_server_serving(s
     responses = asyncio.run(burst())
     codes = [r.status_code for r in responses]
     assert set(codes) <= {200, 429}, codes
-    assert codes.count(429) > 0 and codes.count(200) >= MAX_BATCH + MAX_QUEUE
+    # The queue holds MAX_QUEUE waiting requests; the engine moves waiting requests to its rows at
+    # step boundaries, so a burst is guaranteed a full queue plus at least one running row (more
+    # when the engine wakes after several have arrived).
+    assert codes.count(429) > 0 and codes.count(200) >= MAX_QUEUE + 1
     for r in responses:
         if r.status_code == 429:
             assert int(r.headers["retry-after"]) >= 1
