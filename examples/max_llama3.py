@@ -78,9 +78,9 @@ def build_llama3(config, kv_params: MHAKVCacheParams, device: DeviceRef) -> Tran
     )
 
 
-def load(gguf: Path, page_size: int = 16) -> tuple[Transformer, MHAKVCacheParams, object]:
-    """The model with the GGUF's weights by MAX's names (quantized weights stay packed), its KV
-    cache params, and the config."""
+def load(gguf: Path, page_size: int = 16, dequantize: bool = False) -> tuple[Transformer, MHAKVCacheParams, object]:
+    """The model with the GGUF's weights by MAX's names (quantized weights stay packed, or become
+    float32 with ``dequantize``), its KV cache params, and the config."""
     from maxjax.graph.weights.adapters import adapt
     from maxjax.models.llama.config import LlamaConfig
     from maxjax.models.llama.weights import LLAMA_GGUF_NAMES
@@ -93,7 +93,10 @@ def load(gguf: Path, page_size: int = 16) -> tuple[Transformer, MHAKVCacheParams
         n_kv_heads=config.num_key_value_heads,
     )  # fmt: skip
     model = build_llama3(config, kv_params, device)
-    model.load_state_dict(adapt(weights, LLAMA_GGUF_NAMES), override_quantization_encoding=True)
+    state = adapt(weights, LLAMA_GGUF_NAMES)
+    if dequantize:
+        state = {k: w.dequantize() for k, w in state.items()}
+    model.load_state_dict(state, override_quantization_encoding=not dequantize)
     return model, kv_params, config
 
 

@@ -70,13 +70,24 @@ def store_kv_ragged(
     Returns:
         the updated ``kv_blocks`` (same shape and dtype; in place under ``jax.jit`` when donated).
     """
-    page_size = kv_blocks.shape[3]
     seq, pos = ragged_token_positions(input_row_offsets, cache_lengths, k.shape[0])
+    page_size = kv_blocks.shape[3]
     page = lookup_table.astype(jnp.int32)[seq, pos // page_size]  # [total]
-    slot = pos % page_size
-    layer = jnp.asarray(layer_idx, jnp.int32)
-    kv_blocks = kv_blocks.at[page, 0, layer, slot].set(k.astype(kv_blocks.dtype), mode="drop")
-    return kv_blocks.at[page, 1, layer, slot].set(v.astype(kv_blocks.dtype), mode="drop")
+    rows = _rows(kv_blocks, page, layer_idx) + pos % page_size  # keys' rows [total]; values' are rows + 1 slab
+    slab = kv_blocks.shape[2] * page_size  # rows from a page's keys of a layer to its values
+    flat = kv_blocks.reshape(-1, *kv_blocks.shape[4:])  # [pages * 2 * layers * page_size, kv, d]
+    kv = jnp.concatenate([k, v]).astype(kv_blocks.dtype)  # [2 * total, kv, d]
+    flat = flat.at[jnp.concatenate([rows, rows + slab])].set(kv, mode="drop", unique_indices=True)
+    return flat.reshape(kv_blocks.shape)
+
+
+def _rows(kv_blocks: Any, page: Any, layer_idx: Any) -> Any:
+    """Row of slot 0 of the keys of ``layer_idx`` in pages ``page`` (any shape, int32), in
+    ``kv_blocks`` viewed as ``[pages * 2 * layers * page_size, kv, d]`` rows (a bitcast of MAX's
+    layout: one scatter or gather of whole rows, which XLA runs in place, where indexing the
+    six-dimensional array scatters element by element)."""
+    _, two, layers, page_size, _, _ = kv_blocks.shape
+    return (page * two * layers + jnp.asarray(layer_idx, jnp.int32)) * page_size
 
 
 def attention_ragged_paged(
@@ -109,13 +120,12 @@ def attention_ragged_paged(
     _, _, _, page_size, kv, _ = kv_blocks.shape
     g = h // kv
     seq, pos = ragged_token_positions(input_row_offsets, cache_lengths, total)
-    layer = jnp.asarray(layer_idx, jnp.int32)
     pages = lookup_table.astype(jnp.int32)[seq]  # [total, max_pages]
-    layer_blocks = jax.lax.dynamic_index_in_dim(kv_blocks, layer, axis=2, keepdims=False)  # [P, 2, page, kv, d]
-    blocks = layer_blocks[pages]  # [total, max_pages, 2, page, kv, d]
     n_keys = pages.shape[1] * page_size
-    keys = blocks[:, :, 0].reshape(total, n_keys, kv, d).astype(jnp.float32)
-    values = blocks[:, :, 1].reshape(total, n_keys, kv, d).astype(jnp.float32)
+    rows = (_rows(kv_blocks, pages, layer_idx)[:, :, None] + jnp.arange(page_size, dtype=jnp.int32)).reshape(total, n_keys)
+    flat = kv_blocks.reshape(-1, kv, d)  # [pages * 2 * layers * page_size, kv, d]
+    keys = flat[rows].astype(jnp.float32)  # [total, n_keys, kv, d]
+    values = flat[rows + kv_blocks.shape[2] * page_size].astype(jnp.float32)  # [total, n_keys, kv, d]
     qg = q.astype(jnp.float32).reshape(total, kv, g, d)
     scores = jnp.einsum("tngd,tknd->tngk", qg, keys) * scale  # [total, kv, g, n_keys]
     key_pos = jnp.arange(n_keys, dtype=jnp.int32)[None, :]
