@@ -508,12 +508,13 @@ class MoE(Module):
 
     def __call__(self, x: Any) -> Any:
         """``x [T, hidden_dim]`` -> ``[T, hidden_dim]`` (class docstring)."""
+        x_dtype = x.dtype if isinstance(x.dtype, DType) else DType.from_jax(x.dtype)
+        if x_dtype != self.dtype:
+            raise ValueError(f"MoE: the input's dtype is {x_dtype.name}, expected the experts' dtype {self.dtype.name}")
         router_idx, router_weight = self.gate(x)  # [T, k] each
         if self.pre_expert_norm is not None:
             x = self.pre_expert_norm(x)
         gate_up = self.gate_up_proj  # [E, 2F, H]
-        if gate_up.dtype != x.dtype:
-            raise ValueError(f"MoE: the input's dtype is {x.dtype}, expected the experts' dtype {gate_up.dtype}")
         h = apply(_all_experts_matmul, x, gate_up, _name="moe_gate_up")  # [T, E, 2F]
         tokens, num_experts, two_f = h.shape
         fn = self.activation.gated_activation_fn
