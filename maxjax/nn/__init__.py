@@ -4,6 +4,8 @@ from maxjax.nn.attention import AttentionWithRope, GGUFQAttentionWithRope, GPTQA
 from maxjax.nn.comm import Allreduce, Signals
 from maxjax.nn.conv import Conv1D, Conv2d, Conv3D
 from maxjax.nn.embedding import Embedding
+from maxjax.nn.embedding import VocabParallelEmbedding
+from maxjax.nn.moe import MoE, MoEGate, forward_moe_sharded_layers
 from maxjax.nn.functional import abstract_state, functional_call, state
 from maxjax.nn.layer import HookHandle, Layer, LayerList, LayerV2, LoadStateDictResult, Module
 from maxjax.nn.linear import MLP, Linear
@@ -35,4 +37,5 @@ __all__ = [
     "ColumnParallelLinear", "FusedMLP", "GPTQLinear", "StackedLinear", "clamp", "InputScaleSpec", "QuantConfig",
     "QuantFormat", "ScaleGranularity", "ScaleOrigin", "WeightScaleSpec",
     "Identity", "MissingLayer", "Shardable", "MinPSampler", "RejectionSampler", "RejectionSamplerWithResiduals",
+    "MoE", "MoEGate", "forward_moe_sharded_layers", "VocabParallelEmbedding",
 ]  # fmt: skip

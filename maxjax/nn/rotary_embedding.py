@@ -28,6 +28,7 @@ from maxjax.graph import ops
 from maxjax.nn.layer import Module
 
 __all__ = [
+    "DeepseekYarnRopeScalingParams", "DeepseekYarnRotaryEmbedding",
     "DynamicRotaryEmbedding", "LinearScalingParams", "Llama3RopeScalingParams", "Llama3RotaryEmbedding", "LongRoPERotaryEmbedding",
     "LongRoPEScalingParams", "RotaryEmbedding", "YarnRotaryEmbedding", "YarnScalingParams",
 ]  # fmt: skip
@@ -399,3 +400,92 @@ class DynamicRotaryEmbedding(RotaryEmbedding):
             self.inv_freq = self.original_inv_freq
             self.max_seq_len_cached = self.original_max_seq_len
             self._table = None
+
+
+@dataclass
+class DeepseekYarnRopeScalingParams:
+    """DeepSeek's YaRN scaling (MAX's fields, ``max/nn/rotary_embedding.py``)."""
+
+    scaling_factor: float
+    original_max_position_embeddings: int
+    beta_fast: int
+    beta_slow: int
+    mscale: float
+    mscale_all_dim: float
+
+
+def _yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:
+    """YaRN's magnitude factor (MAX's): ``0.1 * mscale * ln(scale) + 1`` for ``scale > 1``, else 1."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+class DeepseekYarnRotaryEmbedding(RotaryEmbedding):
+    """RoPE with DeepSeek's YaRN (MAX's ``DeepseekYarnRotaryEmbedding``; DeepSeek-V2/V3's
+    ``yarn`` rope, Peng et al., 2023, arXiv:2309.00071). ``dim`` is the rope dimension (not the
+    hidden size): the frequencies are over ``dim`` channels, and ``freqs_cis`` is
+    ``[max_seq_len, dim]`` (``max_seq_len`` positions, not twice).
+
+    As MAX computes it in float32 graph ops: ``base = theta ** (2i / dim)``, frequencies blended
+    between ``1 / base`` and ``1 / (scaling_factor * base)`` by a linear ramp between the
+    ``beta_fast``/``beta_slow`` correction dims (of ``int(theta)``, clamped to ``[0, dim - 1]``);
+    cos and sin multiplied by ``mscale(scaling_factor, mscale) / mscale(scaling_factor,
+    mscale_all_dim)``; :meth:`compute_scale` multiplies the attention scale by
+    ``mscale(scaling_factor, mscale) ** 2``.
+
+    Raises:
+        ValueError: the table or frequencies are asked for without ``scaling_params`` (MAX's
+            message, "scaling_params must be provided").
+        AssertionError: :meth:`compute_scale` without ``scaling_params`` (MAX's assert).
+    """
+
+    scaling_params: DeepseekYarnRopeScalingParams | None = None
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        theta: float,
+        max_seq_len: int,
+        head_dim: int | None = None,
+        _freqs_cis: Any = None,
+        interleaved: bool = True,
+        scaling_params: DeepseekYarnRopeScalingParams | None = None,
+    ) -> None:
+        super().__init__(dim, n_heads, theta, max_seq_len, head_dim, _freqs_cis, interleaved)
+        self.scaling_params = scaling_params
+
+    def _params(self) -> DeepseekYarnRopeScalingParams:
+        if self.scaling_params is None:
+            raise ValueError("scaling_params must be provided")
+        return self.scaling_params
+
+    def _table_length(self) -> int:
+        return self.max_seq_len
+
+    def attention_factor(self) -> float:
+        p = self._params()
+        return float(_yarn_get_mscale(p.scaling_factor, p.mscale) / _yarn_get_mscale(p.scaling_factor, p.mscale_all_dim))
+
+    def _compute_inv_freqs(self) -> np.ndarray:
+        """float32 ``[dim // 2]``, in float32 steps as MAX's graph (``_compute_yarn_freqs``)."""
+        p = self._params()
+        f, n = np.float32, self.dim
+        base = f(self.theta) ** (np.arange(0, n, 2, dtype=f) / f(n))  # [dim // 2]
+        extra = f(1) / base
+        inter = f(1) / (f(p.scaling_factor) * base)
+
+        def correction_dim(rotations: float) -> np.float32:
+            num = f(n) * np.log(f(p.original_max_position_embeddings) / (f(rotations) * f(2) * f(math.pi)))
+            return num / (f(2) * np.log(f(int(self.theta))))
+
+        low = max(np.floor(correction_dim(p.beta_fast)), f(0))
+        high = min(np.trunc(correction_dim(p.beta_slow)) + f(1), f(n - 1))
+        diff = f(high - low) if high != low else f(0.001)
+        ramp = np.clip((np.arange(n // 2, dtype=f) - f(low)) / diff, 0, 1).astype(f)
+        mask = f(1) - ramp
+        return (inter * (f(1) - mask) + extra * mask).astype(f)
+
+    def compute_scale(self, user_scale: float | None = None) -> float:
+        assert self.scaling_params
+        mscale = _yarn_get_mscale(self.scaling_params.scaling_factor, self.scaling_params.mscale)
+        return super().compute_scale(user_scale) * mscale * mscale
