@@ -164,7 +164,7 @@ def _check_predicate(p: Any, op: str) -> None:
         raise TypeError(f"The predicate for `ops.{op}` must be a tensor, got a buffer")
     t = _type_of(p)
     if t.dtype != DType.bool or t.rank != 0:
-        raise ValueError(f"The predicate for `ops.{op}` must be a bool scalar tensor, got {t.dtype.name}{list(t.shape)}")
+        raise ValueError(f"The predicate for `ops.{op}` must be a bool scalar tensor, got {t.dtype.name}[{', '.join(str(d) for d in t.shape)}]")
     if isinstance(p, TensorValue) and p._graph is not None and not p.device.is_cpu():
         raise ValueError(
             f"The predicate for `ops.{op}` must reside on CPU, but got a tensor on {p.device}. Transfer it "

@@ -16,7 +16,7 @@ import numpy as np
 
 from maxjax.dtype import DType
 from maxjax.graph.ops._core import apply
-from maxjax.graph.type import DeviceRef, StaticDim
+from maxjax.graph.type import DeviceRef, Dim, StaticDim
 from maxjax.graph.value import TensorValue
 
 __all__ = ["Normalization", "as_interleaved_complex", "hann_window", "irfft"]
@@ -136,16 +136,18 @@ def irfft(
             or an unknown ``normalization`` (MAX's messages). MAX runs irfft on GPUs only and raises
             ValueError on a CPU; maxjax computes it on every JAX backend.
     """
-    x = input_tensor if isinstance(input_tensor, TensorValue) else TensorValue(input_tensor)
-    if x.dtype != DType.float32:
-        raise ValueError(f"Input tensor must be of type float32, got {x.dtype}.")
-    if input_is_complex and (x.rank == 0 or x.shape[-1] != 2):
-        raise ValueError(f"Input tensor is marked as complex, but last dimension is not 2. Got input shape {x.shape}.")
+    x = input_tensor
+    dtype = x.dtype if isinstance(x, TensorValue) else DType.of(x.dtype)
+    shape = list(x.shape) if isinstance(x, TensorValue) else [Dim(int(d)) for d in x.shape]
+    if dtype != DType.float32:
+        raise ValueError(f"Input tensor must be of type float32, got {dtype}.")
+    if input_is_complex and (not shape or shape[-1] != 2):
+        raise ValueError(f"Input tensor is marked as complex, but last dimension is not 2. Got input shape {shape}.")
     if normalization not in (Normalization.BACKWARD, Normalization.ORTHO, Normalization.FORWARD):
         raise ValueError(f"Invalid normalization: {normalization}")
-    rank = x.rank - 1 if input_is_complex else x.rank
+    rank = len(shape) - 1 if input_is_complex else len(shape)
     axis %= rank
-    size = x.shape[axis]
+    size = shape[axis]
     if not isinstance(size, StaticDim):
         raise ValueError(f"Axis dimension must be static, got {size}.")
     if not n:
