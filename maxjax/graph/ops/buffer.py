@@ -99,8 +99,10 @@ def buffer_create(type: Any, init_value: float | bool | None = None) -> BufferVa
 
     Without ``init_value`` MAX allocates it uninitialized at each execution; maxjax fills it with
     zeros. With ``init_value`` (a scalar representable in ``type.dtype``) it is filled with that
-    value converted as MAX converts it (``np.array([init_value], dtype)``); MAX makes it persistent state, filled once at load time and kept across executions,
-    which maxjax cannot hold, so such a buffer cannot be written (see the module docstring).
+    value converted as MAX converts it (``np.array([init_value], dtype)``); MAX makes it persistent
+    state, filled once at load time and kept across executions, which maxjax cannot hold, so in a
+    graph such a buffer cannot be written (see the module docstring); eagerly (no graph) the buffer
+    is an ordinary one, kept as long as the object.
 
     Raises:
         TypeError: ``init_value`` is not a Python/NumPy scalar.
@@ -117,7 +119,7 @@ def buffer_create(type: Any, init_value: float | bool | None = None) -> BufferVa
         value = np.array([init_value], dtype=type.dtype.to_numpy())  # as MAX: OverflowError when out of range
         fill = ops.constant(value[0], type.dtype)
     filled = ops.broadcast_to(fill, list(type.shape))  # [*type.shape]
-    if init_value is None:
+    if init_value is None or filled._graph is None:  # eagerly the buffer lives as long as the object
         return BufferValue(filled)
     buf = _PersistentBuffer(filled)
     buf.init_value = init_value

@@ -100,7 +100,9 @@ class _Region:
                 seen.setdefault((id(v._node), v._index), v)
         self.captures = list(seen.values())
 
-    def run(self, captured: dict[tuple[int, int], Any], params: Sequence[Any], dims: dict[str, Any], policy: Any) -> list[Any]:
+    def run(
+        self, captured: dict[tuple[int, int], Any], params: Sequence[Any], dims: dict[str, Any], policy: Any
+    ) -> list[Any]:
         """The results on arrays: ``captured`` maps (node, index) keys to arrays, ``params`` are the
         argument arrays, ``dims`` the sizes (ints, or JAX symbolic expressions while shapes are
         inferred) of the graph's symbolic dims."""
@@ -153,7 +155,8 @@ def _check_types(results: list[Any], expected: list[TensorType], op: str, with_d
     if with_device:
         same = got == expected
     else:
-        same = len(got) == len(expected) and all(g.dtype == e.dtype and g.shape == e.shape for g, e in zip(got, expected))
+        pairs = zip(got, expected)
+        same = len(got) == len(expected) and all(g.dtype == e.dtype and g.shape == e.shape for g, e in pairs)
     if not same:
         raise TypeError(f"Results don't match expected types: \nresult_types={got}, \nexpected_types={expected}")
 
@@ -164,7 +167,8 @@ def _check_predicate(p: Any, op: str) -> None:
         raise TypeError(f"The predicate for `ops.{op}` must be a tensor, got a buffer")
     t = _type_of(p)
     if t.dtype != DType.bool or t.rank != 0:
-        raise ValueError(f"The predicate for `ops.{op}` must be a bool scalar tensor, got {t.dtype.name}[{', '.join(str(d) for d in t.shape)}]")
+        shape = ", ".join(str(d) for d in t.shape)
+        raise ValueError(f"The predicate for `ops.{op}` must be a bool scalar tensor, got {t.dtype.name}[{shape}]")
     if isinstance(p, TensorValue) and p._graph is not None and not p.device.is_cpu():
         raise ValueError(
             f"The predicate for `ops.{op}` must reside on CPU, but got a tensor on {p.device}. Transfer it "
@@ -179,7 +183,9 @@ def _graph_of(values: Sequence[Any]) -> Graph | None:
     return current_graph()
 
 
-def _record(graph: Graph, where: str, op: str, fn: Callable[..., Any], param_avals: Sequence[Any], device: Any) -> _Region:
+def _record(
+    graph: Graph, where: str, op: str, fn: Callable[..., Any], param_avals: Sequence[Any], device: Any
+) -> _Region:
     """Calls ``fn`` on placeholder values of ``param_avals``, recording its ops into a region."""
     start = len(graph._nodes)
     params = [graph._add_node(Node("region_arg", "arg", [a], device=device)) for a in param_avals]
@@ -234,7 +240,9 @@ def _unique_captures(*regions: _Region) -> list[TensorValue]:
 
 
 # -- ops.cond ------------------------------------------------------------------------------------
-def cond(pred: Any, out_types: Iterable[Any] | None, then_fn: Callable[[], Any], else_fn: Callable[[], Any]) -> list[Any]:
+def cond(
+    pred: Any, out_types: Iterable[Any] | None, then_fn: Callable[[], Any], else_fn: Callable[[], Any]
+) -> list[Any]:
     """Runs ``then_fn()`` when ``pred`` is true, else ``else_fn()`` (MAX's ``ops.cond``; ``lax.cond``).
 
     Both functions take no arguments (they use the values around them) and return ``None``, a
@@ -290,7 +298,9 @@ def cond(pred: Any, out_types: Iterable[Any] | None, then_fn: Callable[[], Any],
     return list(out)
 
 
-def _cond_eager(pred: Any, expected: list[TensorType], then_fn: Callable[[], Any], else_fn: Callable[[], Any]) -> list[Any]:
+def _cond_eager(
+    pred: Any, expected: list[TensorType], then_fn: Callable[[], Any], else_fn: Callable[[], Any]
+) -> list[Any]:
     wrap: list[bool] = []
 
     def branch(fn: Callable[[], Any]) -> Callable[[], tuple[Any, ...]]:
@@ -330,7 +340,8 @@ def while_loop(initial_values: Any, predicate: Callable[..., Any], body: Callabl
         TypeError: the body's results do not match the loop values' types (MAX's message; eagerly
             only dtypes and shapes are compared).
     """
-    values = list(initial_values) if isinstance(initial_values, Iterable) and not hasattr(initial_values, "shape") else [initial_values]
+    one = not isinstance(initial_values, Iterable) or hasattr(initial_values, "shape")
+    values = [initial_values] if one else list(initial_values)
     if not values:
         raise ValueError("While loops must have at least one iteration value.")
     if any(isinstance(v, BufferValue) for v in values):
@@ -348,7 +359,9 @@ def while_loop(initial_values: Any, predicate: Callable[..., Any], body: Callabl
         avals = [v._aval for v in values]
         pred_r = _record(graph, "predicate", "while_loop", predicate, avals, values[0].device)
         if len(pred_r.results) != 1:
-            raise ValueError(f"The predicate for `ops.while_loop` must return one bool scalar tensor, got {len(pred_r.results)} values")
+            raise ValueError(
+                f"The predicate for `ops.while_loop` must return one bool scalar tensor, got {len(pred_r.results)} values"
+            )
         _check_predicate(pred_r.results[0], "while_loop")
         body_r = _record(graph, "body", "while_loop", body, avals, values[0].device)
         _check_types(body_r.results, types, "while_loop", with_device=True)

@@ -66,19 +66,25 @@ def parallel(
         out = body_fn(*(b[launch] for b in bundles))
         outs = [out] if isinstance(out, TensorValue) or hasattr(out, "shape") else list(out)
         if len(outs) != len(out_types):
-            raise ValueError(f"parallel body yielded {len(outs)} tensor(s), expected {len(out_types)} (one per output bundle)")
+            raise ValueError(
+                f"parallel body yielded {len(outs)} tensor(s), expected {len(out_types)} (one per output bundle)"
+            )
         for b, (o, t) in enumerate(zip(outs, out_types)):
             want = t[launch]
             got = o.type if isinstance(o, TensorValue) else TensorType(o.dtype, list(o.shape))
             if got.dtype != want.dtype or got.shape != want.shape:
-                raise ValueError(f"parallel: launch {launch} of output bundle {b} is {got}, expected result type {want}")
+                raise ValueError(
+                    f"parallel: launch {launch} of output bundle {b} is {got}, expected result type {want}"
+                )
             if isinstance(o, TensorValue) and o._graph is not None and o.device != want.device:
                 o = transfer_to(o, want.device)
             results[b].append(o)
     return results
 
 
-def constant_external(name: str, type: TensorType, align: int | None = None, is_placeholder: bool = False) -> TensorValue:  # noqa: A002
+def constant_external(
+    name: str, type: TensorType, align: int | None = None, is_placeholder: bool = False  # noqa: A002 - MAX's name
+) -> TensorValue:
     """An external constant (a weight) of the current graph, fed from the weights registry under
     ``name`` (MAX's ``ops.constant_external``; maxjax's :meth:`Graph.add_weight` of a
     :class:`~maxjax.graph.weight.Weight`).
@@ -102,7 +108,8 @@ def constant_external(name: str, type: TensorType, align: int | None = None, is_
         if have != type or entry.placeholder != bool(is_placeholder):
             raise ValueError(
                 f"constant_external: {name!r} is already an external constant of type {have} "
-                f"(placeholder={entry.placeholder}) in graph {graph.name!r}, not {type} (placeholder={bool(is_placeholder)})"
+                f"(placeholder={entry.placeholder}) in graph {graph.name!r}, not {type} "
+                f"(placeholder={bool(is_placeholder)})"
             )
         return TensorValue._from_node(graph, entry.node)
     weight = Weight(name, type.dtype, type.shape, type.device, align=align)

@@ -57,6 +57,10 @@ def _tensor(x: Any, op: str, name: str) -> Any:
     )
 
 
+def _tensors(op: str, input: Any, updates: Any, indices: Any) -> tuple[Any, Any, Any]:
+    return _tensor(input, op, "input"), _tensor(updates, op, "updates"), _tensor(indices, op, "indices")
+
+
 def _dtype(x: Any) -> DType:
     return x.dtype if isinstance(x, TensorValue) else DType.of(x.dtype)
 
@@ -85,7 +89,7 @@ def _check_indices_dtype(indices: Any) -> None:
 
 def _check_axis_op(op: str, input: Any, updates: Any, indices: Any, axis: int) -> None:
     """MAX's checks of ``scatter``/``scatter_add``/... then its (compile-time) shape rules."""
-    input, updates, indices = (_tensor(v, op, n) for v, n in ((input, "input"), (updates, "updates"), (indices, "indices")))
+    input, updates, indices = _tensors(op, input, updates, indices)
     rank = len(input.shape)
     if not (-rank <= axis < rank):
         raise ValueError(f"Invalid axis value {axis}. Axis must be in range [-{rank}, {rank - 1}]")
@@ -110,7 +114,7 @@ def _check_axis_op(op: str, input: Any, updates: Any, indices: Any, axis: int) -
 
 def _check_nd_op(op: str, input: Any, updates: Any, indices: Any) -> None:
     """MAX's checks of ``scatter_nd``/``scatter_nd_add``/... then its (compile-time) shape rules."""
-    input, updates, indices = (_tensor(v, op, n) for v, n in ((input, "input"), (updates, "updates"), (indices, "indices")))
+    input, updates, indices = _tensors(op, input, updates, indices)
     if _dtype(input) != _dtype(updates):
         raise ValueError(f"The input dtype ({_dtype(input)}) and updates dtype ({_dtype(updates)}) must match")
     _check_indices_dtype(indices)
@@ -156,7 +160,8 @@ def _axis_op(name: str, reduce: str, combine: str) -> Any:
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"""``input`` with ``updates`` {combine} along ``axis`` at ``indices`` (MAX's ``ops.{name}``).
 
-    For 2-D ``input`` and ``axis=0``: ``out[indices[i][j]][j] = {_FORMULA[reduce].format(a="out[indices[i][j]][j]", b="updates[i][j]")}``.
+    For 2-D ``input`` and ``axis=0``:
+    ``out[indices[i][j]][j] = {_FORMULA[reduce].format(a="out[indices[i][j]][j]", b="updates[i][j]")}``.
 
     Args:
         input: the tensor written into, any shape ``[*S]``.
@@ -319,6 +324,9 @@ def masked_scatter(input: Any, mask: Any, updates: Any, out_dim: Any) -> Any:
         for a, b in zip(reversed(s_m), reversed(s_in))
     )
     if not ok:
-        raise ValueError(f"masked_scatter: mask of shape {_fmt(s_m)} does not broadcast to the input's shape {_fmt(s_in)}")
-    limit = int(out_dim) if isinstance(out_dim, (int, np.integer, StaticDim)) and not isinstance(out_dim, bool) else None
+        raise ValueError(
+            f"masked_scatter: mask of shape {_fmt(s_m)} does not broadcast to the input's shape {_fmt(s_in)}"
+        )
+    static = isinstance(out_dim, (int, np.integer, StaticDim)) and not isinstance(out_dim, bool)
+    limit = int(out_dim) if static else None
     return apply(_masked_scatter, input, mask, updates, _name="masked_scatter", limit=limit)
