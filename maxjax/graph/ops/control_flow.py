@@ -183,12 +183,10 @@ def _graph_of(values: Sequence[Any]) -> Graph | None:
     return current_graph()
 
 
-def _record(
-    graph: Graph, where: str, op: str, fn: Callable[..., Any], param_avals: Sequence[Any], device: Any
-) -> _Region:
-    """Calls ``fn`` on placeholder values of ``param_avals``, recording its ops into a region."""
+def _record(graph: Graph, where: str, op: str, fn: Callable[..., Any], args: Sequence[TensorValue]) -> _Region:
+    """Calls ``fn`` on placeholder values like ``args`` (their types), recording its ops into a region."""
     start = len(graph._nodes)
-    params = [graph._add_node(Node("region_arg", "arg", [a], device=device)) for a in param_avals]
+    params = [graph._add_node(Node("region_arg", "arg", [a._aval], device=a.device)) for a in args]
     region_id = _RegionId(f"the {where} of ops.{op}")
     try:
         with _region_scope(op):
@@ -278,7 +276,7 @@ def cond(
     with graph:
         regions = []
         for where, fn in (("then branch", then_fn), ("else branch", else_fn)):
-            region = _record(graph, where, "cond", fn, (), pred.device)
+            region = _record(graph, where, "cond", fn, ())
             _check_types(region.results, expected, "cond", with_device=True)
             regions.append(region)
     then_r, else_r = regions
@@ -301,22 +299,22 @@ def cond(
 def _cond_eager(
     pred: Any, expected: list[TensorType], then_fn: Callable[[], Any], else_fn: Callable[[], Any]
 ) -> list[Any]:
-    wrap: list[bool] = []
+    wrap = [isinstance(pred, TensorValue)] * len(expected)  # result k is a TensorValue if any input was one
 
     def branch(fn: Callable[[], Any]) -> Callable[[], tuple[Any, ...]]:
         def run() -> tuple[Any, ...]:
             with _region_scope("cond"):
                 results = _as_list(fn())
             _check_types(results, expected, "cond", with_device=False)
-            wrap[:] = [w or isinstance(r, TensorValue) for w, r in zip(wrap or [False] * len(results), results)]
+            for k, r in enumerate(results):
+                wrap[k] = wrap[k] or isinstance(r, TensorValue)
             return tuple(r.to_jax() if isinstance(r, TensorValue) else jnp.asarray(r) for r in results)
 
         return run
 
     p = pred.to_jax() if isinstance(pred, TensorValue) else pred
     outs = jax.lax.cond(p, branch(then_fn), branch(else_fn))
-    as_tv = isinstance(pred, TensorValue)
-    return [TensorValue._from_array(o) if (as_tv or w) else o for o, w in zip(outs, wrap)]
+    return [TensorValue._from_array(o) if w else o for o, w in zip(outs, wrap)]
 
 
 # -- ops.while_loop ------------------------------------------------------------------------------
@@ -356,14 +354,13 @@ def while_loop(initial_values: Any, predicate: Callable[..., Any], body: Callabl
 
         values = [v if isinstance(v, TensorValue) and v._graph is graph else identity(v) for v in values]
         types = [v.type for v in values]
-        avals = [v._aval for v in values]
-        pred_r = _record(graph, "predicate", "while_loop", predicate, avals, values[0].device)
+        pred_r = _record(graph, "predicate", "while_loop", predicate, values)
         if len(pred_r.results) != 1:
             raise ValueError(
                 f"The predicate for `ops.while_loop` must return one bool scalar tensor, got {len(pred_r.results)} values"
             )
         _check_predicate(pred_r.results[0], "while_loop")
-        body_r = _record(graph, "body", "while_loop", body, avals, values[0].device)
+        body_r = _record(graph, "body", "while_loop", body, values)
         _check_types(body_r.results, types, "while_loop", with_device=True)
     captures = _unique_captures(pred_r, body_r)
     keys = [(id(v._node), v._index) for v in captures]
