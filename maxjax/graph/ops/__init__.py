@@ -8,6 +8,17 @@ from maxjax.graph.ops import allreduce
 from maxjax.graph.ops._core import apply, op_traits
 from maxjax.graph.ops.buffer import buffer_create, buffer_load, buffer_store, buffer_store_slice
 from maxjax.graph.ops.call import call
+from maxjax.dtype import DType
+from maxjax.graph.graph import Graph
+from maxjax.graph.type import DeviceRef, TensorType
+from maxjax.graph.value import TensorValue
+from maxjax.graph.ops.control_flow import cond, while_loop
+from maxjax.graph.ops.parallel import constant_external, parallel
+from maxjax.graph.ops.scatter import (
+    masked_scatter, nonzero, scatter, scatter_add, scatter_max, scatter_min, scatter_mul, scatter_nd_add,
+    scatter_nd_max, scatter_nd_min, scatter_nd_mul,
+)
+from maxjax.graph.ops.signal import as_interleaved_complex, hann_window, irfft
 from maxjax.graph.ops.conv import conv2d, conv3d
 from maxjax.graph.ops.group_norm import group_norm
 from maxjax.graph.ops.elementwise import (
@@ -37,4 +48,9 @@ __all__ = [
     "relu", "repeat_interleave", "reshape", "rms_norm", "round", "rsqrt", "scatter_nd", "shape_to_tensor", "sigmoid",
     "silu", "sin", "slice_tensor", "softmax", "split", "sqrt", "squeeze", "stack", "sub", "sum", "tanh",
     "tile", "top_k", "transfer_to", "transpose", "trunc", "unsqueeze", "where",
+]  # fmt: skip
+__all__ += [
+    "DType", "DeviceRef", "Graph", "TensorType", "TensorValue", "as_interleaved_complex", "cond", "constant_external",
+    "hann_window", "irfft", "masked_scatter", "nonzero", "parallel", "scatter", "scatter_add", "scatter_max",
+    "scatter_min", "scatter_mul", "scatter_nd_add", "scatter_nd_max", "scatter_nd_min", "scatter_nd_mul", "while_loop",
 ]  # fmt: skip

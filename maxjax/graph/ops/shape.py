@@ -477,16 +477,4 @@ def slice_tensor(x: Any, indices: Any) -> Any:
     return apply(_slice, x, *tensors, _name="slice", spec=tuple(spec))
 
 
-def _scatter_nd(x: Any, updates: Any, idx: Any) -> Any:
-    k = idx.shape[-1]
-    return x.at[tuple(idx[..., i] for i in builtins.range(k))].set(updates.astype(x.dtype), mode="drop")
-
-
-def scatter_nd(input: Any, updates: Any, indices: Any) -> Any:
-    """``input`` with slices replaced: ``indices[..., k]`` index the first ``k`` axes of ``input``
-    and ``updates`` has shape ``indices.shape[:-1] + input.shape[k:]`` (TensorFlow's
-    ``scatter_nd_update``; MAX's ``ops.scatter_nd``). Out-of-range indices are dropped.
-
-    Under ``jax.jit`` with the input donated (or carried through a loop) XLA updates it in place.
-    """
-    return apply(_scatter_nd, input, updates, indices, _name="scatter_nd")
+from maxjax.graph.ops.scatter import scatter_nd  # noqa: E402 - MAX's scatter family lives in scatter.py
