@@ -45,6 +45,7 @@ class Node:
 
     __slots__ = (
         "id", "kind", "op", "fn", "args", "static", "out_avals", "treedef", "device", "extra", "scope", "qsource",
+        "dtypes",
     )  # fmt: skip
 
     def __init__(
@@ -59,6 +60,7 @@ class Node:
         treedef: Any = None,
         device: DeviceRef | None = None,
         extra: Any = None,
+        dtypes: Sequence[DType] | None = None,
     ):
         self.id = -1
         self.kind = kind
@@ -76,6 +78,9 @@ class Node:
         #: for an op whose output is a quantized tensor (rows taken from a quantized weight): the
         #: key of that weight, so an op that needs its raw bytes can pin it to the packed layout
         self.qsource: str | None = None
+        #: MAX's declared dtype of each output (``int64`` where JAX holds ``int32`` without x64;
+        #: see ``maxjax.graph.value.TensorValue.dtype``); None: the avals' own dtypes
+        self.dtypes: list[DType] | None = None if dtypes is None else list(dtypes)
 
     def label(self, index: int = 0) -> str:
         if self.kind == "input":
@@ -220,7 +225,7 @@ class Graph:
         self._buffers: list[Any] = []
         for i, t in enumerate(self._input_types):
             value = TensorValue._from_node(
-                self, self._add_node(Node("input", "input", [t.to_shape_dtype_struct()], device=t.device, extra=i))
+                self, self._add_node(Node("input", "input", [t.to_shape_dtype_struct()], device=t.device, extra=i, dtypes=[t.dtype]))
             )
             if isinstance(t, BufferType):
                 if _parent is not None:
@@ -301,7 +306,7 @@ class Graph:
             )
         aval = weight._aval
         entry = _GraphWeight(key, weight, placeholder)
-        node = self._add_node(Node("weight", "weight", [aval], device=weight.device, extra=entry))
+        node = self._add_node(Node("weight", "weight", [aval], device=weight.device, extra=entry, dtypes=[weight.dtype]))
         entry.node = node
         self._weights[key] = entry
         value = TensorValue._from_node(self, node)

@@ -122,6 +122,12 @@ class TensorValue(Value):
 
     @property
     def dtype(self) -> DType:
+        """The element type. A graph value has MAX's declared dtype: ``int64``/``float64`` ones are
+        held by JAX as 32-bit arrays when x64 is off (see :mod:`maxjax.graph.graph`); a
+        concrete value has its array's dtype."""
+        node = self._node
+        if node is not None and node.dtypes is not None:
+            return node.dtypes[self._index]
         return DType.from_numpy(self._aval.dtype)
 
     @property
