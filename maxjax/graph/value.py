@@ -168,6 +168,11 @@ class TensorValue(Value):
     def reshape(self, shape: Any) -> "TensorValue":
         return _ops().reshape(self, shape)
 
+    def rebind(self, shape: Any, message: str = "") -> "TensorValue":
+        """This value with its dims renamed to ``shape`` (MAX's ``TensorValue.rebind``; see
+        :func:`maxjax.graph.ops.rebind`)."""
+        return _ops().rebind(self, shape, message)
+
     def cast(self, dtype: DType) -> "TensorValue":
         return _ops().cast(self, dtype)
 
