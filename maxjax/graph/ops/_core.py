@@ -139,6 +139,12 @@ def _describe(x: Any) -> str:
     return repr(x)
 
 
+try:
+    from jax._src.core import InconclusiveDimensionOperation as _Inconclusive
+except ImportError:  # pragma: no cover - older/newer JAX layouts
+    _Inconclusive = ValueError
+
+
 def const_value(graph: Graph, value: Any, dtype: Any = None) -> TensorValue:
     """A constant node of ``graph`` holding an array; its declared dtype is ``dtype`` or the array's
     own (an int64 NumPy array is an int64 constant, held as int32 when JAX has no x64)."""
@@ -310,7 +316,7 @@ def apply(
 
     try:
         out = jax.eval_shape(shape_fn, *avals)
-    except (TypeError, ValueError, IndexError) as e:
+    except (TypeError, ValueError, IndexError, _Inconclusive) as e:
         ins = ", ".join(_describe(a) for a in node_args)
         raise ValueError(f"{name}({ins}) failed: {e}") from None
     leaves, treedef = jax.tree.flatten(out, is_leaf=is_quantized)

@@ -157,9 +157,10 @@ def _weak_to(op: str, value: Any, dtype: DType) -> np.ndarray:
     return arr.astype(jdt)
 
 
-def promote(op: str, lhs: Any, rhs: Any) -> tuple[Any, Any, DType]:
+def promote(op: str, lhs: Any, rhs: Any, *, integers_to: DType | None = None) -> tuple[Any, Any, DType]:
     """``(lhs, rhs, dtype)``: the two operands of a binary op ready for it and MAX's common dtype
-    (the one place maxjax promotes; see the module docstring).
+    (the one place maxjax promotes; see the module docstring). With ``integers_to``, two integer
+    operands give that dtype instead (``div``'s float64, before any check of the pair, as MAX).
 
     Raises:
         TypeError: neither operand is a tensor.
@@ -178,11 +179,15 @@ def promote(op: str, lhs: Any, rhs: Any) -> tuple[Any, Any, DType]:
     lhs, rhs = (_strong(lhs) if ls else lhs), (_strong(rhs) if rs else rhs)
     if ls and rs:
         check_same_device(op, lhs, rhs)
-        return lhs, rhs, common_dtype(op, dtype_of(lhs), dtype_of(rhs))
+        dl, dr = dtype_of(lhs), dtype_of(rhs)
+        if integers_to is not None and dl.is_integral() and dr.is_integral():
+            return lhs, rhs, integers_to
+        return lhs, rhs, common_dtype(op, dl, dr)
     dtype = dtype_of(lhs if ls else rhs)
+    out = integers_to if integers_to is not None and dtype.is_integral() else dtype
     if ls:
-        return lhs, _weak_to(op, rhs, dtype), dtype
-    return _weak_to(op, lhs, dtype), rhs, dtype
+        return lhs, _weak_to(op, rhs, dtype), out
+    return _weak_to(op, lhs, dtype), rhs, out
 
 
 def _unary_operand(op: str, x: Any) -> Any:
@@ -211,16 +216,18 @@ def _binary(name: str, f: Any, *, kind: str = "arith") -> Any:
     kernel.__name__ = name
 
     def op(lhs: Any, rhs: Any) -> Any:
-        lhs, rhs, dtype = promote(name, lhs, rhs)
+        lhs, rhs, dtype = promote(name, lhs, rhs, integers_to=DType.float64 if kind == "div" else None)
         out = dtype
         if kind == "compare":
             out = DType.bool
         elif kind == "logical" and dtype is not DType.bool:
             raise ValueError(f"{name}: expected bool operands, got {dtype_of(lhs)!r} and {dtype_of(rhs)!r}")
-        elif kind == "div" and dtype.is_integral() and (dtype_of(lhs) or dtype).is_integral():
-            dtype = out = DType.float64
-        fn = jax.lax.div if kind == "div" and (dtype.is_integral() or dtype is DType.bool) else f
-        return apply(kernel if fn is f else _int_div, lhs, rhs, _name=name, _dtypes=[out], dtype=dtype.to_jax())
+        k = kernel
+        if kind == "div" and dtype.is_integral():  # a bool operand with an integer one: integer quotient
+            k = _int_div
+        elif kind == "div" and dtype is DType.bool:
+            k = _bool_div
+        return apply(k, lhs, rhs, _name=name, _dtypes=[out], dtype=dtype.to_jax())
 
     op.__name__ = op.__qualname__ = name
     op.__doc__ = (
@@ -229,6 +236,11 @@ def _binary(name: str, f: Any, *, kind: str = "arith") -> Any:
         "ValueError: dtypes MAX does not promote, shapes that do not broadcast, or two devices."
     )
     return op
+
+
+def _bool_div(a: Any, b: Any, *, dtype: Any) -> Any:
+    # bool / bool stays bool in MAX: 1/1 is 1, 0/1 is 0 (x/0 is undefined)
+    return jnp.logical_and(_cast(a, dtype), _cast(b, dtype))
 
 
 def _int_div(a: Any, b: Any, *, dtype: Any) -> Any:

@@ -22,17 +22,20 @@ def _matmul(a: Any, b: Any, *, policy: Any, dtype: Any = None) -> Any:
 
 
 def _check_matmul(lhs: Any, rhs: Any) -> None:
+    from maxjax.graph.ops._core import _describe
+
     ls, rs = list(lhs.shape), list(rhs.shape)
+    call = f"matmul({_describe(lhs)}, {_describe(rhs)})"
     if not ls or not rs:
-        raise ValueError(f"matmul: operands must have rank >= 1, got shapes {ls} and {rs}")
+        raise ValueError(f"{call}: operands must have rank >= 1")
     k_l = ls[-1]
     k_r = rs[0] if len(rs) == 1 else rs[-2]
     if Dim(k_l) != Dim(k_r):
-        raise ValueError(f"matmul: contracted dims differ: lhs {ls} has {k_l}, rhs {rs} has {k_r}")
+        raise ValueError(f"{call}: contracted dims differ: lhs has {k_l}, rhs has {k_r}")
     bl, br = ls[:-2], rs[:-2]
     for a, b in zip(reversed(bl), reversed(br)):
         if Dim(a) != Dim(b) and Dim(a) != 1 and Dim(b) != 1:
-            raise ValueError(f"matmul: batch dims of lhs {ls} and rhs {rs} do not broadcast ({a} vs {b})")
+            raise ValueError(f"{call}: batch dims do not broadcast ({a} vs {b})")
 
 
 def matmul(lhs: Any, rhs: Any) -> Any:

@@ -40,15 +40,42 @@ def _reducer(name: str, f: Any) -> Any:
 sum = _reducer("sum", jnp.sum)
 mean = _reducer("mean", jnp.mean)
 prod = _reducer("prod", jnp.prod)
-_max = _reducer("max", jnp.max)
-_min = _reducer("min", jnp.min)
+def _reduce_max(x: Any, axis: int, keepdims: bool) -> Any:
+    # lax's reduction: an empty axis gives the identity (-inf, the dtype's minimum) instead of
+    # jnp.max's error, so graphs with 0-size dims build (MAX builds them)
+    return jnp.expand_dims(jax.lax.reduce_max(x, (axis % x.ndim,)), axis)
+
+
+def _reduce_min(x: Any, axis: int, keepdims: bool) -> Any:
+    return jnp.expand_dims(jax.lax.reduce_min(x, (axis % x.ndim,)), axis)
+
+
+_reduce_max.__name__, _reduce_min.__name__ = "max", "min"
+_max = _reducer("max", _reduce_max)
+_min = _reducer("min", _reduce_min)
+
+
+def _empty_axis(x: Any, axis: int) -> bool:
+    n = x.shape[axis]
+    return isinstance(n, int) and n == 0
+
+
+def _arg_index(x: Any, axis: int) -> Any:
+    # the index of an empty axis: 0 (MAX leaves it undefined; JAX refuses to trace it)
+    shape = list(x.shape)
+    shape[axis] = 1
+    return jnp.zeros(shape, jax.dtypes.canonicalize_dtype(jnp.int_))
 
 
 def _argmax(x: Any, *, axis: int) -> Any:
+    if _empty_axis(x, axis):
+        return _arg_index(x, axis)
     return jnp.argmax(x, axis=axis, keepdims=True)
 
 
 def _argmin(x: Any, *, axis: int) -> Any:
+    if _empty_axis(x, axis):
+        return _arg_index(x, axis)
     return jnp.argmin(x, axis=axis, keepdims=True)
 
 

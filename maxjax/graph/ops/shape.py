@@ -98,11 +98,11 @@ def constant(value: Any, dtype: DType | None = None, device: DeviceRef | None = 
 
 
 def _range(*, start: Any, step: Any, n: Any, dtype: Any) -> Any:
-    return (start + step * jnp.arange(n)).astype(dtype)
+    return jnp.asarray(start, dtype) + jnp.asarray(step, dtype) * jnp.arange(n, dtype=dtype)
 
 
 def _range_dyn(start: Any, step: Any, *, n: Any, dtype: Any) -> Any:
-    return (start + step * jnp.arange(n)).astype(dtype)
+    return jnp.asarray(start).astype(dtype) + jnp.asarray(step).astype(dtype) * jnp.arange(n, dtype=dtype)
 
 
 def range(
@@ -249,6 +249,8 @@ def reshape(x: Any, shape: Iterable[Any]) -> Any:
     target = _shape(shape)
     if builtins.sum(1 for d in target if isinstance(d, int) and d == -1) > 1:
         raise ValueError(f"reshape(): at most one -1 dimension is allowed, got {list(target)}")
+    if -1 in [d for d in target if isinstance(d, int)] and 0 in [d for d in target if isinstance(d, int)]:
+        raise ValueError(f"reshape(): cannot infer -1 dimension when another dimension is 0: {list(target)}")
     if not any(isinstance(d, int) and d == -1 for d in target):
         have, want = _product(x.shape), _product(target)
         if have != want:
@@ -448,7 +450,10 @@ def split(x: Any, split_sizes: Sequence[Any], axis: int = 0) -> list[Any]:
     axis = check_axis("split", axis, _rank(x))
     total = x.shape[axis]
     if Dim(builtins.sum(sizes)) != total:
-        raise ValueError(f"split: split sizes must sum to dimension value; x.shape[{axis}]={total} != sum(sizes={sizes})")
+        raise ValueError(
+            f"split: sizes {sizes} add up to {builtins.sum(sizes)}, but dim {axis} of the input is {total} (split sizes "
+            "must sum to the dimension)"
+        )
     if any(s < 0 for s in sizes):
         raise ValueError(f"split: split sizes must be non-negative: sizes={sizes}")
     return list(apply(_split, x, _name="split", sizes=tuple(sizes), axis=axis))
@@ -630,6 +635,10 @@ def _gather(x: Any, idx: Any, *, axis: int) -> Any:
         if axis not in (0, -x.ndim):
             raise ValueError(f"gather: a quantized weight ({x!r}) can only be gathered by rows (axis 0), got axis {axis}")
         return x.take(idx)
+    n = x.shape[axis]
+    if isinstance(n, int) and n == 0:  # nothing to read: zeros (MAX leaves such reads undefined)
+        a = axis % x.ndim
+        return jnp.zeros((*x.shape[:a], *idx.shape, *x.shape[a + 1 :]), x.dtype)
     return jnp.take(x, idx, axis=axis, mode="clip")
 
 
