@@ -209,20 +209,21 @@ def check_same_device(op: str, *values: Any) -> None:
 
 
 def _declared_dtypes(leaves: list[Any], ins: list[Any]) -> list[Any]:
-    """MAX's dtypes of an op's outputs when the op does not declare them: the output's own dtype,
-    or the 64-bit dtype of an input that JAX holds as that 32-bit dtype (``int64`` stays
-    ``int64`` through ops that keep their input's dtype)."""
+    """MAX's dtypes of an op's outputs when the op does not declare them: the declared dtype of the
+    first input that JAX holds in the output's dtype (so ``int64`` stays ``int64`` through ops that
+    keep their input's dtype, and ``gather`` of an int32 table by int64 indices stays int32), else
+    the output's own dtype."""
     from maxjax.dtype import DType
 
-    wide = [d for d in ins if d is not None and d.size_in_bits() == 64]
     out = []
     for leaf in leaves:
         try:
             own = DType.from_numpy(leaf.dtype)
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, TypeError):
             out.append(None)
             continue
-        out.append(next((d for d in wide if d != own and np.dtype(d.to_jax()) == np.dtype(leaf.dtype)), own))
+        held = np.dtype(leaf.dtype)
+        out.append(next((d for d in ins if d is not None and np.dtype(d.to_jax()) == held), own))
     return out
 
 

@@ -297,7 +297,20 @@ trunc = _unary("trunc", jnp.trunc)
 silu = _unary("silu", jax.nn.silu)
 relu = _unary("relu", jax.nn.relu)
 sigmoid = _unary("sigmoid", jax.nn.sigmoid)
-logical_not = _unary("logical_not", jnp.logical_not)
+_logical_not = _unary("logical_not", jnp.logical_not)
+
+
+def logical_not(x: Any) -> Any:
+    """Elementwise logical NOT of a bool tensor (jnp: ``logical_not``).
+
+    Raises:
+        TypeError: ``x`` is a Python or NumPy value, not a tensor.
+        ValueError: ``x`` is not bool (MAX 26.7 refuses other dtypes).
+    """
+    dt = dtype_of(x)
+    if dt is not None and dt is not DType.bool:
+        raise ValueError(f"logical_not: expected a bool tensor, got dtype {dt!r}")
+    return _logical_not(x)
 is_nan = _unary("is_nan", jnp.isnan)
 is_inf = _unary("is_inf", jnp.isinf)
 
