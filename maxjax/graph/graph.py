@@ -45,6 +45,7 @@ class Node:
 
     __slots__ = (
         "id", "kind", "op", "fn", "args", "static", "out_avals", "treedef", "device", "extra", "scope", "qsource",
+        "dtypes",
     )  # fmt: skip
 
     def __init__(
@@ -59,6 +60,7 @@ class Node:
         treedef: Any = None,
         device: DeviceRef | None = None,
         extra: Any = None,
+        dtypes: Sequence[DType] | None = None,
     ):
         self.id = -1
         self.kind = kind
@@ -76,6 +78,9 @@ class Node:
         #: for an op whose output is a quantized tensor (rows taken from a quantized weight): the
         #: key of that weight, so an op that needs its raw bytes can pin it to the packed layout
         self.qsource: str | None = None
+        #: MAX's declared dtype of each output (``int64`` where JAX holds ``int32`` without x64;
+        #: see ``maxjax.graph.value.TensorValue.dtype``); None: the avals' own dtypes
+        self.dtypes: list[DType] | None = None if dtypes is None else list(dtypes)
 
     def label(self, index: int = 0) -> str:
         if self.kind == "input":
@@ -220,7 +225,7 @@ class Graph:
         self._buffers: list[Any] = []
         for i, t in enumerate(self._input_types):
             value = TensorValue._from_node(
-                self, self._add_node(Node("input", "input", [t.to_shape_dtype_struct()], device=t.device, extra=i))
+                self, self._add_node(Node("input", "input", [t.to_shape_dtype_struct()], device=t.device, extra=i, dtypes=[t.dtype]))
             )
             if isinstance(t, BufferType):
                 if _parent is not None:
@@ -301,7 +306,7 @@ class Graph:
             )
         aval = weight._aval
         entry = _GraphWeight(key, weight, placeholder)
-        node = self._add_node(Node("weight", "weight", [aval], device=weight.device, extra=entry))
+        node = self._add_node(Node("weight", "weight", [aval], device=weight.device, extra=entry, dtypes=[weight.dtype]))
         entry.node = node
         self._weights[key] = entry
         value = TensorValue._from_node(self, node)
@@ -444,6 +449,42 @@ class Graph:
                     )
         return env
 
+    def check_values(self, values: Sequence[Any]) -> None:
+        """Refuses input values that do not fit what JAX holds for the input's declared dtype.
+
+        maxjax reports MAX's declared dtypes (an ``int64`` input is ``int64`` in ``input_types``,
+        ``TensorValue.dtype`` and a Model's metadata) while JAX, without x64, holds ``int64`` /
+        ``uint64`` / ``float64`` in 32 bits. A host value (NumPy array, list, scalar) given for such
+        an input is checked here, at the graph's boundary, before it is narrowed: token ids and
+        positions fit; a value outside the 32-bit range would wrap, so it is refused. JAX arrays
+        are already 32-bit and pass.
+
+        Raises:
+            ValueError: a value outside the held range (naming the input, the value, the declared
+                and the held dtype).
+        """
+        for i, (t, v) in enumerate(zip(self._input_types, values)):
+            held = np.dtype(t.dtype.to_jax())
+            if held == np.dtype(t.dtype.to_numpy()) or _is_jax_array(v):
+                continue
+            arr = v.to_numpy() if hasattr(v, "to_numpy") else np.asarray(v)
+            if not arr.size:
+                continue
+            if arr.dtype.kind in "iu" and held.kind in "iu":
+                info = np.iinfo(held)
+                bad = arr[(arr < info.min) | (arr > info.max)]
+            elif arr.dtype.kind == "f" and held.kind == "f":
+                bad = arr[np.isfinite(arr) & (np.abs(arr) > np.finfo(held).max)]
+            else:
+                continue
+            if bad.size:
+                raise ValueError(
+                    f"Input at position {i} (input{i}) of graph {self.name!r}: value {bad.flat[0]!r} does not fit "
+                    f"{t.dtype!r} as maxjax holds it ({held.name}: JAX runs without x64); values must lie in "
+                    f"[{np.iinfo(held).min if held.kind in 'iu' else -np.finfo(held).max}, "
+                    f"{np.iinfo(held).max if held.kind in 'iu' else np.finfo(held).max}]"
+                )
+
     # -- printing ----------------------------------------------------------------------------
     def __str__(self) -> str:
         def ty(aval: Any) -> str:
@@ -488,6 +529,12 @@ def _show(v: Any) -> str:
     if isinstance(v, np.dtype) or (isinstance(v, type) and issubclass(v, np.generic)):
         return np.dtype(v).name
     return repr(v)
+
+
+def _is_jax_array(x: Any) -> bool:
+    import jax
+
+    return isinstance(x, jax.Array)
 
 
 def _differ(a: Any, b: Any) -> bool:

@@ -122,6 +122,12 @@ class TensorValue(Value):
 
     @property
     def dtype(self) -> DType:
+        """The element type. A graph value has MAX's declared dtype: ``int64``/``float64`` ones are
+        held by JAX as 32-bit arrays when x64 is off (see :mod:`maxjax.graph.graph`); a
+        concrete value has its array's dtype."""
+        node = self._node
+        if node is not None and node.dtypes is not None:
+            return node.dtypes[self._index]
         return DType.from_numpy(self._aval.dtype)
 
     @property
@@ -161,6 +167,11 @@ class TensorValue(Value):
 
     def reshape(self, shape: Any) -> "TensorValue":
         return _ops().reshape(self, shape)
+
+    def rebind(self, shape: Any, message: str = "") -> "TensorValue":
+        """This value with its dims renamed to ``shape`` (MAX's ``TensorValue.rebind``; see
+        :func:`maxjax.graph.ops.rebind`)."""
+        return _ops().rebind(self, shape, message)
 
     def cast(self, dtype: DType) -> "TensorValue":
         return _ops().cast(self, dtype)

@@ -40,7 +40,10 @@ from maxjax.graph.quantization import QuantizedArray
 from maxjax.graph.type import Dim, Shape
 from maxjax.graph.value import TensorValue
 
-__all__ = ["apply", "concretize", "is_quantized", "op_traits", "static_exprs", "static_ints"]
+__all__ = [
+    "apply", "check_axis", "check_same_device", "concretize", "dtype_of", "is_quantized", "op_traits", "static_exprs",
+    "static_ints",
+]  # fmt: skip
 
 
 def op_traits(*, accepts_quantized: bool = False, uses_policy: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -136,17 +139,102 @@ def _describe(x: Any) -> str:
     return repr(x)
 
 
-def const_value(graph: Graph, value: Any) -> TensorValue:
-    """A constant node of ``graph`` holding an array."""
+try:
+    from jax._src.core import InconclusiveDimensionOperation as _Inconclusive
+except ImportError:  # pragma: no cover - older/newer JAX layouts
+    _Inconclusive = ValueError
+
+
+def const_value(graph: Graph, value: Any, dtype: Any = None) -> TensorValue:
+    """A constant node of ``graph`` holding an array; its declared dtype is ``dtype`` or the array's
+    own (an int64 NumPy array is an int64 constant, held as int32 when JAX has no x64)."""
+    from maxjax.dtype import DType
+
     if isinstance(value, Buffer):
         value = value.to_jax()
     aval = jax.ShapeDtypeStruct(np.shape(value), jax.dtypes.canonicalize_dtype(value.dtype))
-    node = graph._add_node(Node("const", "constant", [aval], extra=value))
+    if dtype is None:
+        try:
+            dtype = DType.from_numpy(value.dtype)
+        except ValueError:
+            dtype = None
+    node = graph._add_node(Node("const", "constant", [aval], extra=value, dtypes=None if dtype is None else [dtype]))
     return TensorValue._from_node(graph, node)
 
 
-def apply(fn: Callable[..., Any], *tensors: Any, _name: str | None = None, **static: Any) -> Any:
+def dtype_of(x: Any) -> Any:
+    """MAX's dtype of a tensor argument: a TensorValue's declared dtype (``int64`` even where JAX
+    holds 32 bits), an array's own dtype; None for anything else (Python scalars)."""
+    from maxjax.dtype import DType
+
+    if isinstance(x, TensorValue):
+        return x.dtype
+    dt = getattr(x, "dtype", None)
+    if dt is None:
+        return None
+    try:
+        return DType.of(dt)
+    except ValueError:
+        return None
+
+
+def check_axis(op: str, axis: int, rank: int, *, error: type = IndexError, extra: int = 0, what: str = "axis") -> int:
+    """``axis`` (negative counts from the end) as a non-negative index into ``rank + extra`` dims.
+
+    Raises:
+        error: (IndexError unless told) ``axis`` outside ``[-(rank+extra), rank+extra)``, naming
+            the op, the axis and the range.
+    """
+    n = rank + extra
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise TypeError(f"{op}: {what} must be an int, got {axis!r}")
+    if not -n <= axis < n:
+        raise error(f"{op}: {what}={axis} out of range for rank {rank} (expected to be in range of [{-n}, {n - 1}])")
+    return int(axis) % n if n else 0
+
+
+def check_same_device(op: str, *values: Any) -> None:
+    """MAX's rule: graph values given to one op live on one device.
+
+    Raises:
+        ValueError: two graph values on different devices (naming the op and the devices).
+    """
+    devices = {}
+    for i, v in enumerate(values):
+        if isinstance(v, TensorValue) and v._node is not None:
+            devices.setdefault(v.device, i)
+    if len(devices) > 1:
+        listed = ", ".join(f"input {i} on {d}" for d, i in devices.items())
+        raise ValueError(f"{op}: input values must be on the same device, got {listed}")
+
+
+def _declared_dtypes(leaves: list[Any], ins: list[Any]) -> list[Any]:
+    """MAX's dtypes of an op's outputs when the op does not declare them: the declared dtype of the
+    first input that JAX holds in the output's dtype (so ``int64`` stays ``int64`` through ops that
+    keep their input's dtype, and ``gather`` of an int32 table by int64 indices stays int32), else
+    the output's own dtype."""
+    from maxjax.dtype import DType
+
+    out = []
+    for leaf in leaves:
+        try:
+            own = DType.from_numpy(leaf.dtype)
+        except (ValueError, AttributeError, TypeError):
+            out.append(None)
+            continue
+        held = np.dtype(leaf.dtype)
+        out.append(next((d for d in ins if d is not None and np.dtype(d.to_jax()) == held), own))
+    return out
+
+
+def apply(
+    fn: Callable[..., Any], *tensors: Any, _name: str | None = None, _dtypes: Any = None, **static: Any
+) -> Any:
     """Runs or records the op ``fn`` on ``tensors`` (see the module docstring).
+
+    ``_dtypes`` (one DType per output) declares MAX's output dtypes where they are wider than what
+    JAX holds (``int64`` indices, ``float64`` quotients); by default an output keeps the 64-bit
+    dtype of an input JAX holds in its 32 bits.
 
     Raises:
         ValueError: values of two different graphs are mixed, a graph value is used inside another
@@ -229,12 +317,17 @@ def apply(fn: Callable[..., Any], *tensors: Any, _name: str | None = None, **sta
 
     try:
         out = jax.eval_shape(shape_fn, *avals)
-    except (TypeError, ValueError, IndexError) as e:
+    except (TypeError, ValueError, IndexError, _Inconclusive) as e:
         ins = ", ".join(_describe(a) for a in node_args)
         raise ValueError(f"{name}({ins}) failed: {e}") from None
     leaves, treedef = jax.tree.flatten(out, is_leaf=is_quantized)
     is_leaf = treedef.num_leaves == 1 and treedef.num_nodes == 1
     device = next((a.device for a in node_args if isinstance(a, TensorValue)), None)
+    if _dtypes is None:
+        declared = _declared_dtypes(leaves, [a.dtype for a in node_args if isinstance(a, TensorValue)])
+        declared = None if any(d is None for d in declared) else declared
+    else:
+        declared = list(_dtypes)
     node = graph._add_node(
         Node(
             "op",
@@ -245,6 +338,7 @@ def apply(fn: Callable[..., Any], *tensors: Any, _name: str | None = None, **sta
             static=static,
             treedef=None if is_leaf else treedef,
             device=device,
+            dtypes=declared,
         )
     )
     if aware and sources and any(isinstance(leaf, QuantizedArray) for leaf in leaves):

@@ -7,24 +7,57 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from maxjax.graph.ops._core import apply, op_traits
+from maxjax.graph.ops._core import apply, check_same_device, dtype_of, op_traits
+from maxjax.graph.type import Dim
 from maxjax.graph.quantization import as_quantized
 
 __all__ = ["matmul", "softmax", "logsoftmax", "layer_norm", "rms_norm", "dequantize", "qmatmul"]
 
 
 @op_traits(uses_policy=True)
-def _matmul(a: Any, b: Any, *, policy: Any) -> Any:
+def _matmul(a: Any, b: Any, *, policy: Any, dtype: Any = None) -> Any:
+    if dtype is not None:
+        a, b = jax.lax.convert_element_type(a, dtype), jax.lax.convert_element_type(b, dtype)
     return policy.matmul(a, b)
+
+
+def _check_matmul(lhs: Any, rhs: Any) -> None:
+    from maxjax.graph.ops._core import _describe
+
+    ls, rs = list(lhs.shape), list(rhs.shape)
+    call = f"matmul({_describe(lhs)}, {_describe(rhs)})"
+    if not ls or not rs:
+        raise ValueError(f"{call}: operands must have rank >= 1")
+    k_l = ls[-1]
+    k_r = rs[0] if len(rs) == 1 else rs[-2]
+    if Dim(k_l) != Dim(k_r):
+        raise ValueError(f"{call}: contracted dims differ: lhs has {k_l}, rhs has {k_r}")
+    bl, br = ls[:-2], rs[:-2]
+    for a, b in zip(reversed(bl), reversed(br)):
+        if Dim(a) != Dim(b) and Dim(a) != 1 and Dim(b) != 1:
+            raise ValueError(f"{call}: batch dims do not broadcast ({a} vs {b})")
 
 
 def matmul(lhs: Any, rhs: Any) -> Any:
     """Matrix product with batch broadcasting (``jnp.matmul``, at the backend policy's precision).
+    The dtypes promote as a binary op's (``bfloat16 @ float32`` is float32; ``int32 @ float32``
+    is refused), as MAX 26.7.
 
     Raises:
-        ValueError: the contracted dims differ (names both shapes).
+        ValueError: the contracted dims differ, batch dims that do not broadcast, dtypes MAX does
+            not promote, or operands on two devices (names both shapes).
     """
-    return apply(_matmul, lhs, rhs, _name="matmul")
+    from maxjax.graph.ops.elementwise import common_dtype
+
+    check_same_device("matmul", lhs, rhs)
+    if hasattr(lhs, "shape") and hasattr(rhs, "shape"):
+        _check_matmul(lhs, rhs)
+    dl, dr = dtype_of(lhs), dtype_of(rhs)
+    quantized = any(getattr(t, "quantization_encoding", None) is not None for t in (lhs, rhs))
+    if dl is None or dr is None or dl == dr or quantized:
+        return apply(_matmul, lhs, rhs, _name="matmul")
+    dtype = common_dtype("matmul", dl, dr)
+    return apply(_matmul, lhs, rhs, _name="matmul", _dtypes=[dtype], dtype=dtype.to_jax())
 
 
 def _softmax(x: Any, *, axis: int) -> Any:
@@ -56,8 +89,23 @@ def _layer_norm(x: Any, gamma: Any, beta: Any, *, epsilon: float) -> Any:
 def layer_norm(input: Any, gamma: Any, beta: Any, epsilon: float) -> Any:
     """Layer normalization over the last axis (Ba et al., 2016): ``(x - mean) / sqrt(var + eps) * gamma + beta``.
 
-    Statistics are computed in float32; the result has ``input``'s dtype.
+    Statistics are computed in float32; the result has ``input``'s dtype. ``gamma`` and ``beta``
+    have the size of the last axis.
+
+    Raises:
+        ValueError: ``gamma`` or ``beta`` of another size than the (static) last dim of ``input``,
+            or ``epsilon`` not positive (MAX 26.7's checks).
     """
+    last = input.shape[-1]
+    if hasattr(last, "__index__"):
+        for name, t in (("Gamma", gamma), ("Beta", beta)):
+            if hasattr(t, "shape") and len(t.shape) and t.shape[0] != last:
+                raise ValueError(
+                    f"layer_norm: {name} size {t.shape[0]} does not match dimension of reduction {last} "
+                    f"(input {list(input.shape)}, {name.lower()} {list(t.shape)})"
+                )
+    if not epsilon > 0:
+        raise ValueError(f"layer_norm: epsilon must be positive, got {epsilon}")
     return apply(_layer_norm, input, gamma, beta, _name="layer_norm", epsilon=float(epsilon))
 
 
@@ -78,7 +126,15 @@ def rms_norm(
     Statistics are computed in float32. ``multiply_before_cast`` multiplies by the weight before
     casting back to ``input``'s dtype (Gemma style); otherwise after (Llama style, the default, as
     MAX 26.7's ``ops.rms_norm``; its ``nn.RMSNorm`` layer defaults to Gemma style).
+
+    Raises:
+        ValueError: ``weight`` is not ``[input.shape[-1]]``.
     """
+    if hasattr(weight, "shape") and (len(weight.shape) != 1 or Dim(weight.shape[0]) != Dim(input.shape[-1])):
+        raise ValueError(
+            f"RMSNorm: Could not apply weight shape {list(weight.shape)} to input shape {list(input.shape)}, weight "
+            "shape must match the final input dimension."
+        )
     return apply(
         _rms_norm,
         input,

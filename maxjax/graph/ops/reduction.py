@@ -7,8 +7,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from maxjax.graph.ops._core import apply
+from maxjax.dtype import DType
+from maxjax.graph.ops._core import apply, check_axis, dtype_of
 from maxjax.graph.ops.elementwise import max_elementwise, min_elementwise
+
+def _axis(op: str, x: Any, axis: int) -> int:
+    """MAX's reduction axis check (``ValueError``, as MAX 26.7's ``Invalid axis``)."""
+    return check_axis(op, axis, len(x.shape), error=ValueError)
+
 
 __all__ = ["sum", "mean", "prod", "max", "min", "argmax", "argmin", "top_k", "bottom_k", "argsort", "cumsum"]
 
@@ -20,50 +26,99 @@ def _reducer(name: str, f: Any) -> Any:
     kernel.__name__ = name
 
     def op(x: Any, axis: int = -1) -> Any:
+        _axis(name, x, axis)
         return apply(kernel, x, _name=name, axis=axis)
 
     op.__name__ = op.__qualname__ = name
-    op.__doc__ = f"``{name}`` over ``axis``; the axis is kept with size 1 (MAX semantics)."
+    op.__doc__ = (
+        f"``{name}`` over ``axis``; the axis is kept with size 1 (MAX semantics).\n\nRaises:\n"
+        "    ValueError: ``axis`` out of range (MAX's type for it)."
+    )
     return op
 
 
 sum = _reducer("sum", jnp.sum)
 mean = _reducer("mean", jnp.mean)
 prod = _reducer("prod", jnp.prod)
-_max = _reducer("max", jnp.max)
-_min = _reducer("min", jnp.min)
+def _reduce_max(x: Any, axis: int, keepdims: bool) -> Any:
+    # lax's reduction: an empty axis gives the identity (-inf, the dtype's minimum) instead of
+    # jnp.max's error, so graphs with 0-size dims build (MAX builds them)
+    return jnp.expand_dims(jax.lax.reduce_max(x, (axis % x.ndim,)), axis)
+
+
+def _reduce_min(x: Any, axis: int, keepdims: bool) -> Any:
+    return jnp.expand_dims(jax.lax.reduce_min(x, (axis % x.ndim,)), axis)
+
+
+_reduce_max.__name__, _reduce_min.__name__ = "max", "min"
+_max = _reducer("max", _reduce_max)
+_min = _reducer("min", _reduce_min)
+
+
+def _empty_axis(x: Any, axis: int) -> bool:
+    n = x.shape[axis]
+    return isinstance(n, int) and n == 0
+
+
+def _arg_index(x: Any, axis: int) -> Any:
+    # the index of an empty axis: 0 (MAX leaves it undefined; JAX refuses to trace it)
+    shape = list(x.shape)
+    shape[axis] = 1
+    return jnp.zeros(shape, jax.dtypes.canonicalize_dtype(jnp.int_))
 
 
 def _argmax(x: Any, *, axis: int) -> Any:
+    if _empty_axis(x, axis):
+        return _arg_index(x, axis)
     return jnp.argmax(x, axis=axis, keepdims=True)
 
 
 def _argmin(x: Any, *, axis: int) -> Any:
+    if _empty_axis(x, axis):
+        return _arg_index(x, axis)
     return jnp.argmin(x, axis=axis, keepdims=True)
 
 
 def max(x: Any, y: Any = None, /, axis: int | None = None) -> Any:
-    """With ``y``: elementwise maximum. Without: the maximum over ``axis`` (default -1), kept as size 1."""
+    """With ``y``: elementwise maximum (MAX's promotion). Without: the maximum over ``axis``
+    (default -1), kept as size 1.
+
+    Raises:
+        ValueError: both ``y`` and ``axis`` given, or ``axis`` out of range.
+    """
     if y is not None:
+        if axis is not None:
+            raise ValueError(f"max: axis not allowed for elementwise max (got y and axis={axis})")
         return max_elementwise(x, y)
     return _max(x, -1 if axis is None else axis)
 
 
 def min(x: Any, y: Any = None, /, axis: int | None = None) -> Any:
-    """With ``y``: elementwise minimum. Without: the minimum over ``axis`` (default -1), kept as size 1."""
+    """With ``y``: elementwise minimum (MAX's promotion). Without: the minimum over ``axis``
+    (default -1), kept as size 1.
+
+    Raises:
+        ValueError: both ``y`` and ``axis`` given, or ``axis`` out of range.
+    """
     if y is not None:
+        if axis is not None:
+            raise ValueError(f"min: axis not allowed for elementwise min (got y and axis={axis})")
         return min_elementwise(x, y)
     return _min(x, -1 if axis is None else axis)
 
 
 def argmax(x: Any, axis: int = -1) -> Any:
-    """Index of the maximum along ``axis`` (kept with size 1; first index on ties)."""
-    return apply(_argmax, x, _name="argmax", axis=axis)
+    """Index of the maximum along ``axis`` (kept with size 1; first index on ties); int64 as MAX
+    (held as int32 without x64). Raises ValueError for ``axis`` out of range."""
+    _axis("argmax", x, axis)
+    return apply(_argmax, x, _name="argmax", _dtypes=[DType.int64], axis=axis)
 
 
 def argmin(x: Any, axis: int = -1) -> Any:
-    """Index of the minimum along ``axis`` (kept with size 1; first index on ties)."""
-    return apply(_argmin, x, _name="argmin", axis=axis)
+    """Index of the minimum along ``axis`` (kept with size 1; first index on ties); int64 as MAX
+    (held as int32 without x64). Raises ValueError for ``axis`` out of range."""
+    _axis("argmin", x, axis)
+    return apply(_argmin, x, _name="argmin", _dtypes=[DType.int64], axis=axis)
 
 
 def _top_k(x: Any, *, k: int, axis: int) -> Any:
@@ -73,8 +128,17 @@ def _top_k(x: Any, *, k: int, axis: int) -> Any:
 
 
 def top_k(input: Any, k: int, axis: int = -1) -> tuple[Any, Any]:
-    """The ``k`` largest values along ``axis`` and their indices, largest first."""
-    return apply(_top_k, input, _name="top_k", k=int(k), axis=axis)
+    """The ``k`` largest values along ``axis`` and their (int64, as MAX) indices, largest first.
+
+    Raises:
+        ValueError: ``axis`` out of range, or ``k`` negative or more than the static size of the axis.
+    """
+    a = _axis("top_k", input, axis)
+    n = input.shape[a]
+    if int(k) < 0 or hasattr(n, "__index__") and int(k) > int(n):
+        raise ValueError(f"top_k: k={k} must be in [0, {n}] (the size of axis {axis} of {list(input.shape)})")
+    dt = dtype_of(input)
+    return apply(_top_k, input, _name="top_k", _dtypes=None if dt is None else [dt, DType.int64], k=int(k), axis=axis)
 
 
 def bottom_k(input: Any, k: int, axis: int = -1) -> tuple[Any, Any]:
@@ -90,8 +154,14 @@ def _argsort(x: Any, *, ascending: bool) -> Any:
 
 
 def argsort(x: Any, ascending: bool = True) -> Any:
-    """Indices that sort the last axis (stable)."""
-    return apply(_argsort, x, _name="argsort", ascending=ascending)
+    """Indices (int64, as MAX) that sort a 1-D tensor (stable).
+
+    Raises:
+        ValueError: ``x`` is not 1-D (MAX 26.7 implements rank 1 only).
+    """
+    if len(x.shape) != 1:
+        raise ValueError(f"argsort only implemented for input tensors of rank 1, got shape {list(x.shape)}")
+    return apply(_argsort, x, _name="argsort", _dtypes=[DType.int64], ascending=ascending)
 
 
 def _cumsum(x: Any, *, axis: int, exclusive: bool, reverse: bool) -> Any:
@@ -104,5 +174,10 @@ def _cumsum(x: Any, *, axis: int, exclusive: bool, reverse: bool) -> Any:
 
 
 def cumsum(x: Any, axis: int = -1, exclusive: bool = False, reverse: bool = False) -> Any:
-    """Cumulative sum along ``axis`` (``exclusive`` leaves out the element itself)."""
+    """Cumulative sum along ``axis`` (``exclusive`` leaves out the element itself).
+
+    Raises:
+        ValueError: ``axis`` out of range.
+    """
+    _axis("cumsum", x, axis)
     return apply(_cumsum, x, _name="cumsum", axis=axis, exclusive=exclusive, reverse=reverse)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxjax.dtype import DType
-from maxjax.graph.ops._core import apply, op_traits
+from maxjax.graph.ops._core import apply, check_axis, check_same_device, dtype_of, op_traits
 from maxjax.graph.quantization import QuantizedArray
 from maxjax.graph.type import DeviceRef, Dim
 from maxjax.graph.value import TensorValue
@@ -44,6 +44,40 @@ def _is_tensor(x: Any) -> bool:
     return isinstance(x, (TensorValue, jax.Array, np.ndarray))
 
 
+def _value(x: Any) -> TensorValue:
+    """A tensor argument as a TensorValue (arrays wrapped; graph values as they are)."""
+    if isinstance(x, TensorValue):
+        return x
+    if isinstance(x, (jax.Array, np.ndarray)):
+        return TensorValue(x)
+    from maxjax.driver import Buffer
+
+    if isinstance(x, Buffer):
+        return TensorValue(x)
+    raise TypeError(f"expected a tensor, got {type(x).__name__}: {x!r}")
+
+
+def _rank(x: Any) -> int:
+    return len(x.shape)
+
+
+def _static(d: Any) -> int | None:
+    """The size of a static dim, None for a symbolic one."""
+    d = Dim(d) if not isinstance(d, Dim) else d
+    return d.dim if hasattr(d, "dim") else None
+
+
+def _same_dim(a: Any, b: Any) -> bool:
+    return Dim(a) == Dim(b)
+
+
+def _product(dims: Iterable[Any]) -> Dim:
+    out: Dim = Dim(1)
+    for d in dims:
+        out = out * Dim(d)
+    return out
+
+
 # -- creation --------------------------------------------------------------------------------
 def _constant(*, value: Any) -> Any:
     return jnp.asarray(value)
@@ -63,12 +97,12 @@ def constant(value: Any, dtype: DType | None = None, device: DeviceRef | None = 
     return TensorValue(jnp.asarray(arr))
 
 
-def _range(*, start: Any, stop: Any, step: Any, dtype: Any) -> Any:
-    return jnp.arange(start, stop, step, dtype=dtype)
+def _range(*, start: Any, step: Any, n: Any, dtype: Any) -> Any:
+    return jnp.asarray(start, dtype) + jnp.asarray(step, dtype) * jnp.arange(n, dtype=dtype)
 
 
 def _range_dyn(start: Any, step: Any, *, n: Any, dtype: Any) -> Any:
-    return (start + step * jnp.arange(n)).astype(dtype)
+    return jnp.asarray(start).astype(dtype) + jnp.asarray(step).astype(dtype) * jnp.arange(n, dtype=dtype)
 
 
 def range(
@@ -80,27 +114,46 @@ def range(
     dtype: DType = DType.int64,
     device: DeviceRef | None = None,
 ) -> Any:
-    """``[start, stop)`` with ``step`` as a 1-D tensor (like ``jnp.arange``).
+    """``start, start + step, ...``: a 1-D tensor of ``dtype`` with MAX's length
+    ``(stop - start) // step`` (0 for ``step == 0``), so ``range(0, 10, 3)`` has 3 values, as in
+    MAX 26.7 (whose compiled graph then fails: MAX asks for ``stop - start`` divisible by ``step``).
 
-    Start/stop/step may be ints or Dims (symbolic allowed). With tensor bounds, ``out_dim`` (the
-    length) is required.
+    Start/stop/step may be ints, floats or Dims (symbolic allowed). With a tensor among them,
+    ``out_dim`` (the length) is required. ``dtype`` and ``device`` are keyword-only and required
+    in MAX; maxjax defaults them to int64 and the CPU.
+
+    Raises:
+        ValueError: a tensor bound and no ``out_dim``, or a tensor bound that is not a scalar.
     """
+    dtype = dtype if isinstance(dtype, DType) else DType.of(dtype)
     if _is_tensor(start) or _is_tensor(stop) or _is_tensor(step):
         if out_dim is None:
-            raise ValueError("range: out_dim is required when start, stop or step is a tensor")
-        return apply(_range_dyn, start, step, _name="range", n=_dim(out_dim), dtype=dtype.to_jax())
-    return apply(
-        _range, _name="range", start=_dim(start), stop=_dim(stop), step=_dim(step), dtype=dtype.to_jax()
-    )
+            raise ValueError("range: dynamic ranges must provide an explicit out_dim (start, stop or step is a tensor)")
+        for name, v in (("start", start), ("stop", stop), ("step", step)):
+            if _is_tensor(v) and _rank(v) != 0:
+                raise ValueError(f"range: {name} must be a scalar, got shape {list(v.shape)}")
+        return apply(_range_dyn, start, step, _name="range", _dtypes=[dtype], n=_dim(out_dim), dtype=dtype.to_jax())
+    if out_dim is None:
+        if isinstance(start, float) or isinstance(stop, float) or isinstance(step, float):
+            out_dim = int((stop - start) // step) if step != 0 else 0
+        else:
+            out_dim = (Dim(stop) - Dim(start)) // Dim(step) if _static(step) != 0 else 0
+            if _static(out_dim) is not None and _static(out_dim) < 0:
+                out_dim = 0
+    n = _dim(out_dim)
+    s0 = _dim(start) if not isinstance(start, float) else start
+    st = _dim(step) if not isinstance(step, float) else step
+    return apply(_range, _name="range", _dtypes=[dtype], start=s0, step=st, n=n, dtype=dtype.to_jax())
 
 
 def _shape_to_tensor(*, shape: Any) -> Any:
-    return jnp.asarray(shape, dtype=jnp.int32)
+    return jnp.asarray(shape, dtype=DType.int64.to_jax())
 
 
 def shape_to_tensor(shape: Iterable[Any]) -> Any:
-    """A 1-D integer tensor holding the (possibly symbolic) sizes of ``shape``."""
-    return apply(_shape_to_tensor, _name="shape_to_tensor", shape=_shape(shape))
+    """A 1-D int64 tensor (MAX's dtype; held as int32 without x64) of the (possibly symbolic)
+    sizes of ``shape``."""
+    return apply(_shape_to_tensor, _name="shape_to_tensor", _dtypes=[DType.int64], shape=_shape(shape))
 
 
 # -- dtype / device --------------------------------------------------------------------------
@@ -110,9 +163,11 @@ def _cast(x: Any, *, dtype: Any) -> Any:
 
 def cast(x: Any, dtype: DType) -> Any:
     """``x`` converted to ``dtype`` (float to int truncates, as ``astype`` does)."""
+    if isinstance(dtype, str):
+        raise ValueError(f"cast: dtype must be a DType, got the string {dtype!r}")
     if not isinstance(dtype, DType):
         dtype = DType.of(dtype)
-    return apply(_cast, x, _name="cast", dtype=dtype.to_jax())
+    return apply(_cast, x, _name="cast", _dtypes=[dtype], dtype=dtype.to_jax())
 
 
 def _transfer(x: Any, *, device: Any) -> Any:
@@ -151,11 +206,32 @@ def print(value: Any, label: str = "debug_tensor") -> None:  # noqa: A001 - MAX'
 
 
 def rebind(x: Any, shape: Iterable[Any], message: str = "", layout: Any = None) -> Any:
-    """Asserts ``x`` has ``shape`` (the same number of dims) and returns it with that shape."""
+    """``x`` with its dims renamed to ``shape`` (same rank): MAX asserts when the graph runs that
+    the sizes agree; maxjax refuses a static size that differs when the graph is built.
+
+    Raises:
+        ValueError: a different rank, or static sizes that differ (with ``message``).
+    """
     target = _shape(shape)
     if len(target) != len(x.shape):
-        raise ValueError(f"rebind: {message or 'shape mismatch'}: rank {len(x.shape)} vs {len(target)}")
-    return reshape(x, target)
+        raise ValueError(
+            f"Wrong rank for rebind: v.shape={list(x.shape)} but shape={list(target)}" + (f" ({message})" if message else "")
+        )
+    for a, b in zip(x.shape, target):
+        if _static(a) is not None and isinstance(b, int) and a != b:
+            raise ValueError(f"rebind: {message or 'shape mismatch'}: {list(x.shape)} can never be {list(target)}")
+    static = tuple(d if isinstance(d, int) else None for d in target)
+    out = apply(_rebind, x, _name="rebind", shape=static)
+    if isinstance(out, TensorValue) and out._node is not None:  # the new names are metadata only
+        aval = out._node.out_avals[0]
+        out._node.out_avals[0] = jax.ShapeDtypeStruct(tuple(Dim(d).to_expr() for d in target), aval.dtype)
+    return out
+
+
+def _rebind(x: Any, *, shape: Any) -> Any:
+    # the sizes x has when the graph runs; a static target size that differs fails here (MAX
+    # asserts it at run time too)
+    return jnp.reshape(x, tuple(x.shape[i] if s is None else s for i, s in enumerate(shape)))
 
 
 # -- reshaping -------------------------------------------------------------------------------
@@ -164,12 +240,22 @@ def _reshape(x: Any, *, shape: Any) -> Any:
 
 
 def reshape(x: Any, shape: Iterable[Any]) -> Any:
-    """``x`` with a new shape (one entry may be ``-1``).
+    """``x`` with a new shape (one entry may be ``-1``; sizes may be 0).
 
     Raises:
-        ValueError: the number of elements does not match.
+        ValueError: more than one ``-1``, or the number of elements does not match (static or
+            symbolic: ``[batch, 6]`` cannot become ``[batch, 4]``).
     """
-    return apply(_reshape, x, _name="reshape", shape=_shape(shape))
+    target = _shape(shape)
+    if builtins.sum(1 for d in target if isinstance(d, int) and d == -1) > 1:
+        raise ValueError(f"reshape(): at most one -1 dimension is allowed, got {list(target)}")
+    if -1 in [d for d in target if isinstance(d, int)] and 0 in [d for d in target if isinstance(d, int)]:
+        raise ValueError(f"reshape(): cannot infer -1 dimension when another dimension is 0: {list(target)}")
+    if not any(isinstance(d, int) and d == -1 for d in target):
+        have, want = _product(x.shape), _product(target)
+        if have != want:
+            raise ValueError(f"reshape: input {list(x.shape)} has {have} elements, target shape {list(target)} has {want}")
+    return apply(_reshape, x, _name="reshape", shape=target)
 
 
 def _flatten(x: Any, *, start: int, end: int) -> Any:
@@ -180,7 +266,18 @@ def _flatten(x: Any, *, start: int, end: int) -> Any:
 
 
 def flatten(x: Any, start_dim: int = 0, end_dim: int = -1) -> Any:
-    """Merges dims ``start_dim..end_dim`` (inclusive) into one."""
+    """Merges dims ``start_dim..end_dim`` (inclusive) into one.
+
+    Raises:
+        IndexError: ``start_dim`` or ``end_dim`` out of range.
+        ValueError: ``start_dim`` after ``end_dim``.
+    """
+    r = _rank(x)
+    if r:
+        s = check_axis("flatten", start_dim, r, what="start_dim")
+        e = check_axis("flatten", end_dim, r, what="end_dim")
+        if s > e:
+            raise ValueError(f"flatten: start_dim cannot come after end_dim (start_dim={start_dim}, end_dim={end_dim})")
     return apply(_flatten, x, _name="flatten", start=start_dim, end=end_dim)
 
 
@@ -189,7 +286,16 @@ def _swap(x: Any, *, a: int, b: int) -> Any:
 
 
 def transpose(x: Any, axis_1: int, axis_2: int) -> Any:
-    """``x`` with axes ``axis_1`` and ``axis_2`` swapped (MAX semantics: two axes, not a permutation)."""
+    """``x`` with axes ``axis_1`` and ``axis_2`` swapped (MAX semantics: two axes, not a permutation).
+
+    Raises:
+        IndexError: an axis out of range.
+    """
+    r = _rank(x)
+    if r == 0 and axis_1 in (0, -1) and axis_2 in (0, -1):
+        return x if isinstance(x, TensorValue) else apply(_identity, x, _name="transpose")
+    check_axis("transpose", axis_1, r, what="axis_1")
+    check_axis("transpose", axis_2, r, what="axis_2")
     return apply(_swap, x, _name="transpose", a=axis_1, b=axis_2)
 
 
@@ -198,8 +304,20 @@ def _permute(x: Any, *, dims: Any) -> Any:
 
 
 def permute(x: Any, dims: Sequence[int]) -> Any:
-    """``x`` with its axes reordered by ``dims``."""
-    return apply(_permute, x, _name="permute", dims=tuple(dims))
+    """``x`` with its axes reordered by ``dims`` (negative entries count from the end).
+
+    Raises:
+        ValueError: ``dims`` has another length than the rank, or repeats an axis.
+        IndexError: an entry out of range.
+    """
+    dims = list(dims)
+    r = _rank(x)
+    if len(dims) != r:
+        raise ValueError(f"permute: the rank of the input ({r}) does not match the number of dims used for ordering ({len(dims)})")
+    norm = [check_axis("permute", d, r, what="dims entry") for d in dims]
+    if len(set(norm)) != len(norm):
+        raise ValueError(f"permute: the ordering may not contain duplicate dimensions: {dims}")
+    return apply(_permute, x, _name="permute", dims=tuple(norm))
 
 
 def _concat(*xs: Any, axis: int) -> Any:
@@ -249,15 +367,39 @@ def allgather(inputs: Iterable[Any], signal_buffers: Iterable[Any], axis: int = 
     return out
 
 
+def _check_joinable(op: str, vals: list[Any], axis: int | None) -> None:
+    """MAX's checks of concat/stack inputs: one rank, one dtype, one device, equal dims off ``axis``."""
+    r = _rank(vals[0])
+    for i, v in enumerate(vals[1:], 1):
+        if _rank(v) != r:
+            raise ValueError(f"{op}: inputs must all have the same rank: input 0 is {list(vals[0].shape)}, input {i} is {list(v.shape)}")
+    dts = [dtype_of(v) for v in vals]
+    for i, d in enumerate(dts[1:], 1):
+        if d != dts[0]:
+            raise ValueError(f"{op}: inputs must all have the same dtype: input 0 is {dts[0]!r}, input {i} is {d!r}")
+    check_same_device(op, *vals)
+    for i, v in enumerate(vals[1:], 1):
+        for a, (d0, d) in enumerate(zip(vals[0].shape, v.shape)):
+            if a != axis and not _same_dim(d0, d):
+                raise ValueError(
+                    f"{op}: inputs differ on non-concat axis {a}: input 0 is {list(vals[0].shape)}, input {i} is {list(v.shape)}"
+                )
+
+
 def concat(original_vals: Iterable[Any], axis: int = 0) -> Any:
-    """Joins tensors along ``axis``.
+    """Joins tensors along ``axis`` (symbolic sizes add up: ``[a, 3]`` and ``[b, 3]`` give ``[a + b, 3]``).
 
     Raises:
-        ValueError: no tensors, or their other dims differ.
+        ValueError: no tensors, different ranks, dtypes, devices or dims off ``axis``.
+        IndexError: ``axis`` out of range.
     """
     vals = list(original_vals)
     if not vals:
         raise ValueError("concat: must provide at least one value")
+    check_axis("concat", axis, _rank(vals[0]))
+    _check_joinable("concat", vals, axis % _rank(vals[0]))
+    if len(vals) == 1:
+        return vals[0] if isinstance(vals[0], TensorValue) else apply(_identity, vals[0], _name="concat")
     return apply(_concat, *vals, _name="concat", axis=axis)
 
 
@@ -266,10 +408,17 @@ def _stack(*xs: Any, axis: int) -> Any:
 
 
 def stack(values: Iterable[Any], axis: int = 0) -> Any:
-    """Stacks tensors of one shape along a new axis."""
+    """Stacks tensors of one shape along a new axis (``axis`` in ``[-rank - 1, rank]``).
+
+    Raises:
+        ValueError: no tensors, or different shapes, dtypes or devices.
+        IndexError: ``axis`` out of range.
+    """
     vals = list(values)
     if not vals:
-        raise ValueError("stack: must provide at least one value")
+        raise ValueError("stack: expected at least one value to stack")
+    check_axis("stack", axis, _rank(vals[0]), extra=1)
+    _check_joinable("stack", vals, None)
     return apply(_stack, *vals, _name="stack", axis=axis)
 
 
@@ -282,34 +431,54 @@ def _split(x: Any, *, sizes: Any, axis: int) -> Any:
 
 
 def split(x: Any, split_sizes: Sequence[Any], axis: int = 0) -> list[Any]:
-    """Splits ``x`` along ``axis`` into pieces of the given sizes (which must add up to the dim).
+    """Splits ``x`` along ``axis`` into pieces of the given static sizes, which add up to the dim
+    (MAX 26.7 converts each size with ``int()``: symbolic sizes are refused). No sizes: ``[]``.
 
     Raises:
-        ValueError: the sizes do not add up to the size of ``axis``.
+        TypeError: a symbolic size.
+        IndexError: ``axis`` out of range.
+        ValueError: the sizes do not add up to the size of ``axis``, or one is negative.
     """
-    sizes = tuple(_dim(s) for s in split_sizes)
+    if not split_sizes:
+        return []
+    sizes = []
+    for s in split_sizes:
+        d = Dim(s)
+        if _static(d) is None:
+            raise TypeError(f"split: int({d!r}): split sizes must be static dims, got {list(split_sizes)}")
+        sizes.append(_static(d))
+    axis = check_axis("split", axis, _rank(x))
     total = x.shape[axis]
-    summed = builtins.sum((Dim(s) for s in sizes), Dim(0))
-    if summed != total:
-        raise ValueError(f"split: sizes {list(sizes)} add up to {summed}, but dim {axis} of the input is {total}")
-    return list(apply(_split, x, _name="split", sizes=sizes, axis=axis))
+    if Dim(builtins.sum(sizes)) != total:
+        raise ValueError(
+            f"split: sizes {sizes} add up to {builtins.sum(sizes)}, but dim {axis} of the input is {total} (split sizes "
+            "must sum to the dimension)"
+        )
+    if any(s < 0 for s in sizes):
+        raise ValueError(f"split: split sizes must be non-negative: sizes={sizes}")
+    return list(apply(_split, x, _name="split", sizes=tuple(sizes), axis=axis))
 
 
 def chunk(x: Any, chunks: int, axis: int = 0) -> list[Any]:
-    """Splits ``x`` into ``chunks`` pieces along ``axis`` (the last may be smaller, like torch.chunk).
+    """Splits ``x`` into ``chunks`` equal pieces along ``axis`` (MAX 26.7: ``chunks`` must divide
+    the static size of the axis).
 
     Raises:
-        ValueError: the axis is symbolic or ``chunks`` is not positive.
+        ValueError: ``chunks`` does not divide the size, is not positive, or ``x`` is a scalar.
+        IndexError: ``axis`` out of range.
+        TypeError: the axis has a symbolic size.
     """
-    n = x.shape[axis]
-    if not hasattr(n, "__index__"):
-        raise ValueError(f"chunk: dim {axis} must be static, got {n}")
-    n = int(n)
+    if _rank(x) == 0 and chunks > 1:
+        raise ValueError(f"chunk: cannot split scalar value into chunks={chunks}")
     if chunks <= 0:
         raise ValueError(f"chunk: chunks must be positive, got {chunks}")
-    size = -(-n // chunks)
-    sizes = [min(size, n - i) for i in builtins.range(0, n, size)]
-    return split(x, sizes, axis)
+    axis = check_axis("chunk", axis, _rank(x))
+    n = _static(x.shape[axis])
+    if n is None:
+        raise TypeError(f"chunk: int({x.shape[axis]!r}): dim {axis} of {list(x.shape)} must be static")
+    if n % chunks:
+        raise ValueError(f"chunk: chunks={chunks} must statically divide x.shape[{axis}]={n}")
+    return split(x, [n // chunks] * chunks, axis)
 
 
 def _squeeze(x: Any, *, axis: int) -> Any:
@@ -317,7 +486,15 @@ def _squeeze(x: Any, *, axis: int) -> Any:
 
 
 def squeeze(x: Any, axis: int) -> Any:
-    """Removes size-1 axis ``axis``."""
+    """Removes size-1 axis ``axis``.
+
+    Raises:
+        IndexError: ``axis`` out of range.
+        ValueError: the axis does not have size 1.
+    """
+    a = check_axis("squeeze", axis, _rank(x))
+    if x.shape[a] != 1:
+        raise ValueError(f"squeeze: dim must be 1, got axis={axis}, shape={list(x.shape)}")
     return apply(_squeeze, x, _name="squeeze", axis=axis)
 
 
@@ -326,7 +503,12 @@ def _unsqueeze(x: Any, *, axis: int) -> Any:
 
 
 def unsqueeze(x: Any, axis: int) -> Any:
-    """Inserts a size-1 axis at ``axis`` (negative counts from the end of the result)."""
+    """Inserts a size-1 axis at ``axis`` (negative counts from the end of the result).
+
+    Raises:
+        ValueError: ``axis`` outside ``[-rank - 1, rank]``.
+    """
+    check_axis("unsqueeze", axis, _rank(x), extra=1, error=ValueError)
     return apply(_unsqueeze, x, _name="unsqueeze", axis=axis)
 
 
@@ -344,8 +526,19 @@ def _tile(x: Any, *, repeats: Any) -> Any:
 
 
 def tile(x: Any, repeats: Iterable[Any]) -> Any:
-    """``x`` repeated ``repeats[i]`` times along each axis ``i``."""
-    return apply(_tile, x, _name="tile", repeats=_shape(repeats))
+    """``x`` repeated ``repeats[i]`` times along each axis ``i`` (one positive repeat per axis).
+
+    Raises:
+        ValueError: not one repeat per axis, or a repeat that is not positive.
+    """
+    reps = _shape(repeats)
+    if len(reps) != _rank(x):
+        raise ValueError(
+            f"tile: input rank and number of elements in repeats must match: shape={list(x.shape)}, repeats={list(reps)}"
+        )
+    if any(_static(r) is not None and _static(r) <= 0 for r in reps):
+        raise ValueError(f"tile: repeats must all be positive: repeats={list(reps)}")
+    return apply(_tile, x, _name="tile", repeats=reps)
 
 
 def _pad(x: Any, *, widths: Any, mode: str, value: Any) -> Any:
@@ -358,9 +551,14 @@ def pad(input: Any, paddings: Iterable[int], mode: str = "constant", value: Any 
     """Pads ``input``; ``paddings`` is flat: ``[before_0, after_0, before_1, after_1, ...]``.
 
     Raises:
-        ValueError: ``paddings`` does not hold two entries per axis.
+        ValueError: ``paddings`` does not hold two entries per axis (MAX 26.7 fails an assertion),
+            a negative padding, or a mode other than ``constant``, ``reflect`` and ``edge``.
     """
+    if mode not in ("constant", "reflect", "edge"):
+        raise ValueError(f"pad: unsupported padding mode {mode!r}; expected 'constant', 'reflect', or 'edge'")
     p = [_dim(v) for v in paddings]
+    if any(isinstance(v, int) and v < 0 for v in p):
+        raise ValueError(f"pad: padding values must be non-negative but given {list(paddings)}")
     if len(p) != 2 * len(input.shape):
         raise ValueError(f"pad: expected {2 * len(input.shape)} paddings for rank {len(input.shape)}, got {len(p)}")
     widths = tuple((p[2 * i], p[2 * i + 1]) for i in builtins.range(len(input.shape)))
@@ -372,7 +570,15 @@ def _repeat_interleave(x: Any, *, repeats: int, axis: Any) -> Any:
 
 
 def repeat_interleave(x: Any, repeats: int, axis: int | None = None, out_dim: Any = None) -> Any:
-    """Each element repeated ``repeats`` times along ``axis`` (flattened when ``axis`` is None)."""
+    """Each element repeated ``repeats`` times along ``axis`` (flattened when ``axis`` is None).
+
+    Raises:
+        ValueError: ``repeats`` is negative, or ``axis`` out of range.
+    """
+    if int(repeats) < 0:
+        raise ValueError(f"repeat_interleave: repeat value must be positive, given repeats={repeats}")
+    if axis is not None:
+        check_axis("repeat_interleave", axis, _rank(x), error=ValueError)
     return apply(_repeat_interleave, x, _name="repeat_interleave", repeats=int(repeats), axis=axis)
 
 
@@ -381,8 +587,17 @@ def _outer(a: Any, b: Any) -> Any:
 
 
 def outer(lhs: Any, rhs: Any) -> Any:
-    """The outer product of two vectors."""
-    return apply(_outer, lhs, rhs, _name="outer")
+    """The outer product of two vectors: ``[m]`` and ``[n]`` give ``[m, n]`` (MAX: ``lhs[:, None] *
+    rhs[None, :]``, so the dtypes promote as ``mul``).
+
+    Raises:
+        ValueError: an input that is not 1-D, or dtypes ``mul`` does not promote.
+    """
+    from maxjax.graph.ops.elementwise import mul
+
+    if _rank(lhs) != 1 or _rank(rhs) != 1:
+        raise ValueError(f"outer expected 1d-tensors as inputs, got shapes {list(lhs.shape)} and {list(rhs.shape)}")
+    return mul(unsqueeze(lhs, 1), unsqueeze(rhs, 0))
 
 
 def _band_part(x: Any, *, lower: Any, upper: Any, exclude: bool) -> Any:
@@ -404,7 +619,12 @@ def band_part(x: Any, num_lower: int | None = None, num_upper: int | None = None
     negative: unbounded); zeros elsewhere. ``exclude=True`` keeps the complement.
 
     ``band_part(ones, None, 0)`` is a lower-triangular (causal) mask.
+
+    Raises:
+        ValueError: ``x`` has fewer than 2 dims.
     """
+    if _rank(x) < 2:
+        raise ValueError(f"band_part: input tensor x.shape={list(x.shape)} must have at least 2 dimensions")
     return apply(_band_part, x, _name="band_part", lower=num_lower, upper=num_upper, exclude=exclude)
 
 
@@ -415,6 +635,10 @@ def _gather(x: Any, idx: Any, *, axis: int) -> Any:
         if axis not in (0, -x.ndim):
             raise ValueError(f"gather: a quantized weight ({x!r}) can only be gathered by rows (axis 0), got axis {axis}")
         return x.take(idx)
+    n = x.shape[axis]
+    if isinstance(n, int) and n == 0:  # nothing to read: zeros (MAX leaves such reads undefined)
+        a = axis % x.ndim
+        return jnp.zeros((*x.shape[:a], *idx.shape, *x.shape[a + 1 :]), x.dtype)
     return jnp.take(x, idx, axis=axis, mode="clip")
 
 
@@ -423,7 +647,16 @@ def gather(input: Any, indices: Any, axis: int = -1) -> Any:
 
     The result's shape is ``input.shape[:axis] + indices.shape + input.shape[axis+1:]``.
     Out-of-range indices are clamped (XLA semantics; MAX leaves them undefined).
+
+    Raises:
+        IndexError: ``axis`` out of range.
+        ValueError: ``indices`` are not integers, or ``input`` and ``indices`` on two devices.
     """
+    check_axis("gather", axis, _rank(input))
+    idt = dtype_of(indices)
+    if idt is not None and not idt.is_integral():
+        raise ValueError(f"gather: indices must be integers, got indices.dtype={idt!r}")
+    check_same_device("gather", input, indices)
     return apply(_gather, input, indices, _name="gather", axis=axis)
 
 
@@ -436,7 +669,36 @@ def _gather_nd(x: Any, idx: Any, *, batch_dims: int) -> Any:
 
 
 def gather_nd(input: Any, indices: Any, batch_dims: int = 0) -> Any:
-    """Gathers slices of ``input`` by index tuples in the last axis of ``indices``."""
+    """Gathers slices of ``input`` by index tuples in the last axis of ``indices``.
+
+    The first ``batch_dims`` axes of both are batch axes (equal sizes). With ``k =
+    indices.shape[-1]``, the result is ``indices.shape[:-1] + input.shape[batch_dims + k:]``.
+
+    Raises:
+        ValueError: ``indices`` not integers, a symbolic index depth, batch axes that differ,
+            ``batch_dims + k`` more than the rank of ``input``, or ``batch_dims`` not below the rank
+            of ``indices``.
+    """
+    idt = dtype_of(indices)
+    if idt is not None and not idt.is_integral():
+        raise ValueError(f"gather_nd: indices.dtype={idt!r} must be an integer type")
+    if batch_dims < 0 or batch_dims >= _rank(indices):
+        raise ValueError(f"gather_nd: batch_dims={batch_dims} must be in [0, {_rank(indices) - 1}] for indices {list(indices.shape)}")
+    k = _static(indices.shape[-1])
+    if k is None:
+        raise ValueError(f"gather_nd: the index size (last dim of indices {list(indices.shape)}) must be static")
+    if batch_dims + k > _rank(input):
+        raise ValueError(
+            f"gather_nd: not enough dims in input {list(input.shape)}: batch_dims={batch_dims}, index_size={k} "
+            f"(indices {list(indices.shape)})"
+        )
+    for a in builtins.range(batch_dims):
+        if not _same_dim(input.shape[a], indices.shape[a]):
+            raise ValueError(
+                f"gather_nd: input {list(input.shape)} and indices {list(indices.shape)} must match in their first "
+                f"batch_dims={batch_dims} dims"
+            )
+    check_same_device("gather_nd", input, indices)
     return apply(_gather_nd, input, indices, _name="gather_nd", batch_dims=batch_dims)
 
 
@@ -457,9 +719,37 @@ def slice_tensor(x: Any, indices: Any) -> Any:
     """``x[indices]``: ints, slices (Dim bounds allowed), ``None``, ``...`` and integer tensors.
 
     MAX's ``(slice, out_dim)`` pairs are accepted; the out_dim is inferred instead.
+
+    Raises:
+        ValueError: more indices than dims, an int index out of range of a static dim, or a
+            slice step of 0.
     """
     if not isinstance(indices, tuple):
         indices = (indices,)
+    shape = list(x.shape)
+    used = [ix for ix in indices if ix is not None and ix is not Ellipsis]
+    if len(used) > len(shape):
+        raise ValueError(f"slice: expected slice indices length {len(used)} to be less than or equal to input rank {len(shape)}")
+    dims_of: list[int | None] = [None] * len(indices)  # the input axis each index entry reads
+    k = 0
+    for i, ix in enumerate(indices):
+        if ix is Ellipsis:
+            k = len(shape)
+            for j in builtins.range(len(indices) - 1, i, -1):
+                if indices[j] is not None:
+                    k -= 1
+                    dims_of[j] = k
+            break
+        if ix is not None:
+            dims_of[i] = k
+            k += 1
+    for ix, axis in zip(indices, dims_of):
+        if isinstance(ix, (int, np.integer)) and not isinstance(ix, bool) and axis is not None:
+            n = _static(shape[axis])
+            if n is not None and not -n <= ix < n:
+                raise ValueError(f"slice: index {ix} out of range of dim {axis} of size {n} (shape {shape})")
+        if isinstance(ix, slice) and ix.step is not None and not isinstance(ix.step, Dim) and ix.step == 0:
+            raise ValueError(f"slice: step in index {ix} can't be 0")
     spec: list[Any] = []
     tensors: list[Any] = []
     for ix in indices:
