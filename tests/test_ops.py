@@ -111,7 +111,7 @@ UNARY = [
     ("slice", lambda x: x[:, 1:, -1], lambda x: x[:, 1:, -1]),
     ("slice_ellipsis", lambda x: x[..., ::2, None], lambda x: x[..., ::2, None]),
     ("split", lambda x: ops.split(x, [2, 3], axis=2), lambda x: [x[:, :, :2], x[:, :, 2:]]),
-    ("chunk", lambda x: ops.chunk(x, 2, axis=2), lambda x: [x[:, :, :3], x[:, :, 3:]]),
+    ("chunk", lambda x: ops.chunk(x, 5, axis=2), lambda x: [x[:, :, i : i + 1] for i in range(5)]),
     ("top_k", lambda x: ops.top_k(x, 2, axis=-1), lambda x: [np.sort(x, -1)[..., ::-1][..., :2], np.argsort(-x, -1)[..., :2].astype(np.int32)]),
     ("band_part", lambda x: ops.band_part(x, None, 0), lambda x: np.tril(x)),
     ("band_part_excl", lambda x: ops.band_part(x, 0, 1, exclude=True), lambda x: x - np.triu(np.tril(x, 1), 0)),

@@ -83,8 +83,10 @@ class Model:
 
         Raises:
             ValueError: wrong number of inputs, or an input of the wrong rank, dtype or static size,
-                or a symbolic dim bound to two sizes (the message names the input position).
+                or a symbolic dim bound to two sizes, or an int64/float64 value outside the 32 bits
+                JAX holds (the message names the input position).
         """
+        self._graph.check_values(args)
         arrays = [to_jax_array(a) for a in args]
         self._graph.bind_dims([a.shape for a in arrays], [a.dtype for a in arrays])
         outs = self._run(self._state, *arrays)

@@ -4,7 +4,9 @@ Binary ops broadcast NumPy-style and promote dtypes by MAX 26.7's rules, in one 
 (:func:`promote`, also used by ``where`` and ``matmul``):
 
 - a "strong" operand is a tensor (a graph value, a Weight, a JAX array, a Buffer, a ``Dim``, which
-  is an int64 scalar); a "weak" one is a Python ``bool``/``int``/``float``, a NumPy scalar or array.
+  is an int64 scalar); a "weak" one is a Python ``bool``/``int``/``float``, a NumPy scalar, or a
+  NumPy array while a graph is being built (outside a graph, in eager mode, a NumPy array is an
+  array like a JAX one).
   At least one operand must be strong (``TypeError`` otherwise, as MAX).
 - two strong dtypes give the one of higher category (``bool < unsigned < signed < float``), then of
   more bits; the other must be exactly representable in it, else ``ValueError`` (``int32 + float32``,
@@ -28,6 +30,7 @@ import numpy as np
 
 from maxjax.dtype import DType
 from maxjax.graph.ops._core import apply, check_same_device, dtype_of
+from maxjax.graph.graph import current_graph
 from maxjax.graph.type import Dim
 from maxjax.graph.value import TensorValue
 
@@ -110,9 +113,13 @@ def common_dtype(op: str, a: DType, b: DType) -> DType:
 
 
 def _is_strong(x: Any) -> bool:
+    """A tensor operand: a graph value, an array, a Buffer, a Dim; a NumPy array too when no graph
+    is being built (eager mode has arrays, not MAX's graph constants)."""
     from maxjax.driver import Buffer
 
-    return isinstance(x, (TensorValue, jax.Array, Buffer, Dim))
+    if isinstance(x, (TensorValue, jax.Array, Buffer, Dim)):
+        return True
+    return isinstance(x, np.ndarray) and current_graph() is None
 
 
 def _strong(x: Any) -> Any:

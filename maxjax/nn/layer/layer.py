@@ -32,7 +32,7 @@ from maxjax.driver import Buffer
 from maxjax.dtype import DType
 from maxjax.graph.binding import bind, current_binding
 from maxjax.graph.graph import Graph, as_tensor_type, current_graph, layer_scope
-from maxjax.graph.type import Shape, TensorType
+from maxjax.graph.type import Shape, StaticDim, TensorType
 from maxjax.graph.value import TensorValue
 from maxjax.graph.weight import Weight
 from maxjax.graph.weights.weight_data import WeightData
@@ -481,15 +481,25 @@ class Module(Layer):
                 bad_dtype = dtype != w.dtype
                 exp_s, act_s = _fmt_shape(w.shape, is_wd), _fmt_shape(shape, is_wd)
                 end = "" if is_wd else "."
+                shape_diff = f"shape (expected={exp_s}, actual={act_s})"
+                if bad_shape and not Shape.is_static(w.shape):  # MAX's words for a symbolic weight
+                    if len(w.shape) != len(shape):
+                        shape_diff = f"shape rank (expected={len(w.shape)}, actual={len(shape)})"
+                    else:
+                        dims = [
+                            f"dim[{i}]: expected {int(e)}, got {int(a)}"
+                            for i, (e, a) in enumerate(zip(w.shape, shape))
+                            if isinstance(e, StaticDim) and e != a
+                        ]
+                        if dims:
+                            shape_diff = f"shape ({', '.join(dims)})"
                 if bad_shape and bad_dtype:
                     errors.append(
-                        f"Value provided to weight '{fqn}' had different shape (expected={exp_s}, actual={act_s}) "
+                        f"Value provided to weight '{fqn}' had different {shape_diff} "
                         f"and dtype (expected={w.dtype!r}, actual={dtype!r}){end}"
                     )
                 elif bad_shape:
-                    errors.append(
-                        f"Value provided to weight '{fqn}' had different shape (expected={exp_s}, actual={act_s}){end}"
-                    )
+                    errors.append(f"Value provided to weight '{fqn}' had different {shape_diff}{end}")
                 elif bad_dtype:
                     errors.append(
                         f"Value provided to weight '{fqn}' had different dtype (expected={w.dtype!r}, "
