@@ -242,8 +242,10 @@ class CompileOnlyModel:
 def _graph_keys(graph_keys: int | Sequence[int]) -> list[int]:
     """MAX's validation of capture keys (uint64 ints)."""
     keys = [graph_keys] if isinstance(graph_keys, int) and not isinstance(graph_keys, bool) else graph_keys
-    if isinstance(keys, (bool, str, bytes)):
+    if isinstance(keys, bool):
         raise TypeError("graph_keys must be an int or sequence of ints.")
+    if isinstance(keys, (str, bytes)):
+        raise TypeError("graph_keys must be a sequence of ints.")
     out = []
     for k in keys:
         if isinstance(k, bool) or not isinstance(k, int):
