@@ -265,18 +265,14 @@ _NO_CAPTURE = (
 
 
 class Model:
-    """A loaded graph: ``execute(*inputs) -> list[Buffer]`` (MAX's ``Model``).
-
-    Attributes:
-        devices: the session's devices.
-    """
+    """A loaded graph: ``execute(*inputs) -> list[Buffer]`` (MAX's ``Model``)."""
 
     def __init__(self, program: Program, state: dict[str, Any], devices: list[Device]):
         graph = program.graph
         self._graph = graph
         self._program = program
         self._state = state
-        self.devices = devices
+        self._devices = devices
         self._traces = 0
 
         def run(state: Mapping[str, Any], *args: Any) -> list[Any]:
@@ -288,10 +284,35 @@ class Model:
         self._run = jax.jit(run, donate_argnums=tuple(1 + i for i in self._buffer_inputs))
         first = program.devices[0] if program.devices else devices[0]
         first = first if isinstance(first, Device) else Device(first)
-        self.input_metadata = [_spec(t.shape, t.dtype, f"input{i}") for i, t in enumerate(graph._input_types)]
-        self.output_metadata = [_spec(t.shape, t.dtype, f"output{i}") for i, t in enumerate(graph.output_types)]
-        self.input_devices = [_type_device(t, first) for t in graph._input_types]
-        self.output_devices = [_type_device(t, first) for t in graph.output_types]
+        self._input_metadata = [_spec(t.shape, t.dtype, f"input{i}") for i, t in enumerate(graph._input_types)]
+        self._output_metadata = [_spec(t.shape, t.dtype, f"output{i}") for i, t in enumerate(graph.output_types)]
+        self._input_devices = [_type_device(t, first) for t in graph._input_types]
+        self._output_devices = [_type_device(t, first) for t in graph.output_types]
+
+    @property
+    def devices(self) -> list[Device]:
+        """The session's devices."""
+        return list(self._devices)
+
+    @property
+    def input_metadata(self) -> list[TensorSpec]:
+        """Name (``input0``, ...), shape (None for a symbolic dim) and dtype of each input."""
+        return list(self._input_metadata)
+
+    @property
+    def output_metadata(self) -> list[TensorSpec]:
+        """Name (``output0``, ...), shape and dtype of each output."""
+        return list(self._output_metadata)
+
+    @property
+    def input_devices(self) -> list[Device]:
+        """The device of each input (its ``TensorType``'s device)."""
+        return list(self._input_devices)
+
+    @property
+    def output_devices(self) -> list[Device]:
+        """The device of each output."""
+        return list(self._output_devices)
 
     @property
     def name(self) -> str:
@@ -337,8 +358,8 @@ class Model:
                     "to Max, please make a contiguous copy of them using `.contiguous()` before feeding them into "
                     "the `execute` or `load` APIs."
                 )
-            if isinstance(a, _SCALARS) and i < len(self.input_metadata):
-                a = np.asarray(a, self.input_metadata[i].dtype.to_numpy())
+            if isinstance(a, _SCALARS) and i < len(self._input_metadata):
+                a = np.asarray(a, self._input_metadata[i].dtype.to_numpy())
             arrays.append(to_jax_array(a))
         self._graph.bind_dims([a.shape for a in arrays], [a.dtype for a in arrays])
         outs = self._run(self._state, *arrays)
