@@ -153,6 +153,7 @@ def test_construction_scalars_and_metadata():
     assert b.__dlpack_device__() == tuple(REF["buf.dlpack_device"])
     assert (b.shape, b.rank, b.dtype, b.device, b.is_host) == ((2, 3), 2, DType.float32, CPU(), True)
     assert err(lambda: b.item()) == ref("err.item")
+    assert np.shares_memory(np.asarray(b), b.to_numpy()) and not np.shares_memory(np.array(b), b.to_numpy())
     # MAX's overloads: (dtype, shape, stream) and (ndarray, device)
     assert Buffer(DType.float32, [2], CPU().default_queue).device == CPU()
     src = np.ones(3, np.float32)

@@ -298,7 +298,9 @@ class Buffer:
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         """maxjax extension (MAX's Buffer has no ``__array__``): ``np.asarray(buffer)``."""
         out = self._host if self._host is not None else np.asarray(self._jax)
-        return out if dtype is None else out.astype(dtype)
+        if dtype is not None:
+            return out.astype(dtype)  # a copy
+        return np.array(out, copy=True) if copy else out
 
     def __dlpack__(self, *, stream: int | None = None, **kwargs: Any) -> Any:
         if self._host is not None:
