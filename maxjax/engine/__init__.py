@@ -13,6 +13,7 @@ from maxjax.engine.session import (
     CompiledModel,
     CompileOnlyExecutionError,
     CompileOnlyModel,
+    CustomExtensionsType,
     DebugConfig,
     GPUProfilingMode,
     InferenceSession,

@@ -27,9 +27,12 @@ from maxjax.graph.type import Shape
 
 __all__ = [
     "ArtifactBodyMismatch", "CompilationStopped", "CompileOnlyExecutionError", "CompileOnlyModel", "CompiledModel",
-    "DebugConfig", "GPUProfilingMode", "InferenceSession", "LogLevel", "MefStore", "MissingArtifactError", "Model",
-    "PrintStyle", "TensorSpec", "read",
+    "CustomExtensionsType", "DebugConfig", "GPUProfilingMode", "InferenceSession", "LogLevel", "MefStore",
+    "MissingArtifactError", "Model", "PrintStyle", "TensorSpec", "read",
 ]  # fmt: skip
+
+CustomExtensionsType = Sequence[str | Path] | str | Path
+"""MAX's custom-extension paths (``.mojoc`` / ``.mojo``): refused wherever given (no Mojo on JAX)."""
 
 GPUProfilingMode = Literal["off", "on", "detailed"]
 """MAX's GPU profiling modes (only ``"off"`` exists in maxjax: profile with ``jax.profiler``)."""
