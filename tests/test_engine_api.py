@@ -101,6 +101,12 @@ def test_scalar_inputs_take_the_inputs_dtype():
         g.output(a.tensor * s.tensor)
     model = InferenceSession().load(g)
     np.testing.assert_array_equal(model.execute(np.array([1.0, 2.0], np.float32), 3)[0].to_numpy(), [3.0, 6.0])
+    with Graph("shift", input_types=[TensorType(DType.int32, [], DeviceRef.CPU())]) as g:
+        g.output(g.inputs[0].tensor + 1)
+    shift = InferenceSession().load(g)
+    assert shift.execute(np.int32(4))[0].item() == 5 and shift.execute(True)[0].item() == 2
+    with pytest.raises(TypeError, match="float value cannot be held by an integer"):
+        shift.execute(2.5)
 
 
 def test_reload_load_all_init_all_and_graph_keys(loaded):

@@ -344,7 +344,8 @@ class Model:
     def execute(self, *args: Any) -> list[Buffer]:
         """Runs the model on ``args`` (Buffers, NumPy or JAX arrays, DLPack arrays, Python/NumPy scalars).
 
-        A scalar becomes a rank-0 value of the input's dtype. A buffer input
+        A scalar becomes a rank-0 value of the input's dtype (``Buffer.scalar``: a float for an
+        integer input raises TypeError, as MAX's cast does). A buffer input
         (:class:`~maxjax.graph.BufferType`) given as a :class:`Buffer` holds the graph's new value
         for it afterwards (its array is donated to the computation and the Buffer rebound).
 
@@ -362,7 +363,7 @@ class Model:
                     "the `execute` or `load` APIs."
                 )
             if isinstance(a, _SCALARS) and i < len(self._input_metadata):
-                a = np.asarray(a, self._input_metadata[i].dtype.to_numpy())
+                a = Buffer.scalar(a, self._input_metadata[i].dtype).to_numpy()  # TypeError: a float for an int
             arrays.append(to_jax_array(a))
         self._graph.bind_dims([a.shape for a in arrays], [a.dtype for a in arrays])
         outs = self._run(self._state, *arrays)
