@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 from maxjax.driver import Buffer
@@ -40,7 +41,8 @@ class PagedKVCache:
             raise ValueError(f"PagedKVCache: num_pages must be at least 1, got {num_pages}")
         self.params = params
         self.num_pages = num_pages
-        self.kv_blocks = Buffer.from_numpy(np.zeros(params.blocks_shape(num_pages), params.dtype.to_numpy()))
+        # a device buffer from the start (a host Buffer would be copied to the device on each use)
+        self.kv_blocks = Buffer(jnp.zeros(params.blocks_shape(num_pages), params.dtype.to_jax()))
         self._free = list(range(num_pages - 1, -1, -1))
         self._pages: dict[Any, list[int]] = {}
         self._lengths: dict[Any, int] = {}

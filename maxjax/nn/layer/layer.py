@@ -372,7 +372,8 @@ class Module(Layer):
     def state_dict(self, auto_initialize: bool = True) -> dict[str, Any]:
         """Every owned weight's value by FQN: the objects given to ``load_state_dict``.
 
-        Weights with no value get zeros (NumPy arrays of their dtype and shape), unless
+        Weights with no value get zeros, as in MAX 26.7: a host ``Buffer.zeros(shape, dtype)``
+        (``.to_numpy()`` shares its memory), kept as the weight's value, unless
         ``auto_initialize`` is False.
 
         Raises:
@@ -385,7 +386,7 @@ class Module(Layer):
                     raise ValueError(f"Weight '{fqn}' was not initialized.")
                 if not Shape.is_static(w.shape):
                     raise ValueError(f"Weight '{fqn}' has a symbolic shape {w.shape} and cannot be zero-filled")
-                w.set_value(np.zeros(tuple(int(d) for d in w.shape), w.dtype.to_numpy()))
+                w.set_value(Buffer.zeros([int(d) for d in w.shape], w.dtype))
             out[fqn] = w.value
         return out
 
