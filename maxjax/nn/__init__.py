@@ -3,6 +3,7 @@
 from maxjax.nn.attention import AttentionWithRope, GGUFQAttentionWithRope, GPTQAttentionWithRope, MultiheadAttention, RaggedAttention
 from maxjax.nn.comm import Allreduce, Signals
 from maxjax.nn.conv import Conv1D, Conv2d, Conv3D
+from maxjax.nn.conv_transpose import ConvTranspose1d, WeightNormConvTranspose1d
 from maxjax.nn.embedding import Embedding
 from maxjax.nn.functional import abstract_state, functional_call, state
 from maxjax.nn.layer import HookHandle, Layer, LayerList, LayerV2, LoadStateDictResult, Module
@@ -30,7 +31,7 @@ __all__ = [
     "build_max_lengths_tensors",
     "ReturnLogits", "Transformer", "RotaryEmbedding", "LinearScalingParams", "Llama3RopeScalingParams",
     "Llama3RotaryEmbedding", "LongRoPERotaryEmbedding", "LongRoPEScalingParams", "YarnRotaryEmbedding", "DynamicRotaryEmbedding", "YarnScalingParams", "Signals", "TransformerBlock",
-    "ConstantLayerNorm", "Conv1D", "Conv2d", "Conv3D", "Embedding", "GroupNorm", "HookHandle", "Layer", "LayerList", "LayerNorm", "LayerV2", "Linear", "LoadStateDictResult",
+    "ConstantLayerNorm", "Conv1D", "Conv2d", "Conv3D", "ConvTranspose1d", "WeightNormConvTranspose1d", "Embedding", "GroupNorm", "HookHandle", "Layer", "LayerList", "LayerNorm", "LayerV2", "Linear", "LoadStateDictResult",
     "MLP", "Module", "RMSNorm", "Sequential", "abstract_state", "functional_call", "init", "state",
     "ColumnParallelLinear", "FusedMLP", "GPTQLinear", "StackedLinear", "clamp", "InputScaleSpec", "QuantConfig",
     "QuantFormat", "ScaleGranularity", "ScaleOrigin", "WeightScaleSpec",

@@ -9,6 +9,11 @@ from maxjax.graph.ops._core import apply, op_traits
 from maxjax.graph.ops.buffer import buffer_create, buffer_load, buffer_store, buffer_store_slice
 from maxjax.graph.ops.call import call
 from maxjax.graph.ops.conv import conv2d, conv3d
+from maxjax.graph.ops.conv_transpose import conv2d_transpose
+from maxjax.graph.ops.fold import fold
+from maxjax.graph.ops.nms import non_maximum_suppression
+from maxjax.graph.ops.pooling import avg_pool2d, max_pool2d, roi_align
+from maxjax.graph.ops.resize import InterpolationMode, resize, resize_bicubic, resize_linear, resize_nearest
 from maxjax.graph.ops.group_norm import group_norm
 from maxjax.graph.ops.elementwise import (
     abs, acos, add, atanh, ceil, cos, div, equal, erf, exp, floor, floor_div, gelu, greater, greater_equal,
@@ -27,7 +32,8 @@ from maxjax.graph.ops.shape import (
 )
 
 __all__ = [
-    "conv2d", "conv3d", "group_norm", "buffer_create", "buffer_load", "buffer_store", "buffer_store_slice",
+    "conv2d", "conv3d", "conv2d_transpose", "fold", "non_maximum_suppression", "avg_pool2d", "max_pool2d", "roi_align",
+    "InterpolationMode", "resize", "resize_bicubic", "resize_linear", "resize_nearest", "group_norm", "buffer_create", "buffer_load", "buffer_store", "buffer_store_slice",
     "abs", "acos", "add", "allgather", "allreduce", "apply", "argmax", "argmin", "argsort", "atanh", "band_part", "bottom_k",
     "broadcast_to", "call", "cast", "ceil", "chunk", "concat", "constant", "cos", "cumsum", "dequantize",
     "div", "equal", "erf", "exp", "flatten", "floor", "floor_div", "gather", "gather_nd", "gelu", "greater",
