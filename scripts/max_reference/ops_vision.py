@@ -8,6 +8,8 @@ Keys: inputs ``x_*``, op outputs by case name, layer weights ``{name}.{weight}``
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 # Case name -> (input key, op call) built inside build(); the tests use the same table.
@@ -30,10 +32,12 @@ POOLS = {
 }
 CONVT = {
     # name: (input, filter, stride, dilation, padding, output_paddings, bias, input_layout, filter_layout)
+    # (MAX 26.7's CPU kernel compiles neither NCHW inputs nor CFRS filters: the tests check those
+    # against these NHWC/RSCF numbers.)
     "ct1": ("x_a", "w_rscf", (2, 3), (1, 2), (1, 0, 0, 2), (1, 2), None, "NHWC", "RSCF"),
-    "ct2": ("x_nchw", "w_rscf", (2, 1), (1, 1), (0, 1, 1, 0), (1, 0), "b4", "NCHW", "RSCF"),
+    "ct2": ("x_a", "w_rscf", (2, 1), (1, 1), (0, 1, 1, 0), (1, 0), None, "NHWC", "RSCF"),
     "ct3": ("x_sq", "w_rscf", (1, 1), (1, 1), (0, 0, 0, 0), (0, 0), "b4", "NHWC", "RSCF"),
-    "ct4": ("x_nchw", "w_rscf", (1, 2), (2, 1), (0, 0, 1, 1), (0, 1), None, "NCHW", "RSCF"),
+    "ct4": ("x_a", "w_rscf", (1, 2), (2, 1), (0, 0, 1, 1), (0, 1), None, "NHWC", "RSCF"),
 }
 FOLDS = {
     # name: (input, output_size, kernel_size, stride, dilation, padding)
@@ -90,11 +94,11 @@ def inputs() -> dict[str, np.ndarray]:
     }  # fmt: skip
 
 
-def _pair(v):
-    return v if isinstance(v, tuple) else v
-
-
 def build() -> dict[str, np.ndarray]:
+    return {**build_ops(), **build_layers()}
+
+
+def build_ops() -> dict[str, np.ndarray]:
     from max.dtype import DType
     from max.engine import InferenceSession
     from max.graph import DeviceRef, Graph, TensorType, ops
@@ -104,8 +108,20 @@ def build() -> dict[str, np.ndarray]:
     xs = inputs()
     names = list(xs)
 
-    def forward(*vals):
-        v = dict(zip(names, vals))
+    def run(name, fn):
+        """One MAX graph of the cases ``fn(values) -> dict``; their outputs by case name."""
+        keys: list[str] = []
+
+        def forward(*vals):
+            out = fn(dict(zip(names, vals)))
+            keys.extend(out)
+            return list(out.values())
+
+        g = Graph(name, forward=forward, input_types=[TensorType(DType.float32, a.shape, cpu) for a in xs.values()])
+        res = InferenceSession().load(g).execute(*xs.values())
+        return {k: r.to_numpy() for k, r in zip(keys, res)}
+
+    def dense(v):
         out = {}
         for n, (k, x, kern, s, d, p, cm, cb) in POOLS.items():
             if k == "max":
@@ -126,6 +142,10 @@ def build() -> dict[str, np.ndarray]:
             out[n] = ops.resize_bicubic(v[x], size)
         for n, mode in RESIZE.items():
             out[n] = ops.resize(v["x_nchw"], (2, 3, 9, 4), ops.InterpolationMode[mode])
+        return out
+
+    def boxes(v):
+        out = {}
         for n, (oh, ow, sc, sr, al, mode) in ROI.items():
             out[n] = ops.roi_align(v["x_roi"], v["rois"], oh, ow, sc, sr, al, mode)
         m, iou, st = NMS
@@ -133,15 +153,15 @@ def build() -> dict[str, np.ndarray]:
             v["boxes"], v["scores"], ops.constant(m, DType.int64, cpu),
             ops.constant(iou, DType.float32, cpu), ops.constant(st, DType.float32, cpu),
         )  # fmt: skip
-        forward.keys = list(out)
-        return list(out.values())
+        return out
 
-    g = Graph("vision", forward=forward, input_types=[TensorType(DType.float32, a.shape, cpu) for a in xs.values()])
-    res = InferenceSession().load(g).execute(*xs.values())
     out = dict(xs)
-    for k, r in zip(forward.keys, res):
-        out[k] = r.to_numpy()
-    return {**out, **build_layers()}
+    for name, fn in (("dense", dense), ("boxes", boxes)):
+        try:
+            out.update(run(name, fn))
+        except RuntimeError as e:  # a kernel MAX cannot compile here: reported, its cases left out
+            print(f"ops_vision: MAX could not compile graph {name!r}: {str(e).splitlines()[:3]}", file=sys.stderr)
+    return out
 
 
 LAYERS = {
@@ -160,7 +180,7 @@ def build_layers() -> dict[str, np.ndarray]:
     import max.nn as mnn
     from max.dtype import DType
     from max.engine import InferenceSession
-    from max.graph import DeviceRef, Graph, TensorType
+    from max.graph import DeviceRef, Graph, TensorType, Weight
 
     cpu = DeviceRef.CPU()
     rng = np.random.default_rng(11)
@@ -179,10 +199,21 @@ def build_layers() -> dict[str, np.ndarray]:
         out[f"{cls}.permute.keys"] = np.array(sorted(layer.state_dict()))
         out[f"{cls}.permute.shapes"] = np.array([[int(d) for d in v.shape] + [0] * (3 - len(v.shape)) for _, v in sorted(layer.raw_state_dict().items())])
 
-    g = Graph("ctl", forward=lambda *v: [layer(t) for layer, t in zip(layers.values(), v)],
-              input_types=[TensorType(DType.float32, out[f"{n}.x"].shape, cpu) for n in layers])  # fmt: skip
-    registry = {k: v for layer in layers.values() for k, v in layer.state_dict().items()}
-    res = InferenceSession().load(g, weights_registry=registry).execute(*(out[f"{n}.x"] for n in layers))
+    # The weights enter as graph inputs assigned to the layers' attributes (as MAX's own
+    # WeightNormConvTranspose1d assigns conv.weight): with constant weights MAX 26.7's CPU compiler
+    # fails on conv_transpose ("Failed to infer parameter `num_groups`").
+    wkeys = {n: [k for k in ("weight", "bias", "weight_g", "weight_v") if isinstance(getattr(layer, k, None), Weight)] for n, layer in layers.items()}
+    feeds = [out[f"{n}.x"] for n in layers] + [out[f"{n}/{getattr(layers[n], k).name}"] for n in layers for k in wkeys[n]]
+
+    def forward(*v):
+        xs, ws = list(v[: len(layers)]), iter(v[len(layers) :])
+        for n, layer in layers.items():
+            for k in wkeys[n]:
+                setattr(layer, k, next(ws))
+        return [layer(t) for layer, t in zip(layers.values(), xs)]
+
+    g = Graph("ctl", forward=forward, input_types=[TensorType(DType.float32, a.shape, cpu) for a in feeds])
+    res = InferenceSession().load(g).execute(*feeds)
     for n, r in zip(layers, res):
         out[f"{n}.out"] = r.to_numpy()
     return out

@@ -136,7 +136,7 @@ def _bilinear(img: Any, y: Any, x: Any) -> Any:
     y0, x0 = jnp.where(y_edge, h - 1, y0), jnp.where(x_edge, w - 1, x0)
     y1, x1 = jnp.where(y_edge, h - 1, y0 + 1), jnp.where(x_edge, w - 1, x0 + 1)
     y, x = jnp.where(y_edge, y0.astype(y.dtype), y), jnp.where(x_edge, x0.astype(x.dtype), x)
-    ly, lx = y - y0, x - x0
+    ly, lx = y - y0.astype(y.dtype), x - x0.astype(x.dtype)
     hy, hx = 1 - ly, 1 - lx
     v = (
         (hy * hx)[..., None] * img[y0, x0] + (hy * lx)[..., None] * img[y0, x1]
