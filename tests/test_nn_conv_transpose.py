@@ -42,11 +42,13 @@ def _permuted() -> tuple:
     ctp = nn.ConvTranspose1d(3, 4, 5, F32, stride=2, padding=1, output_padding=1, has_bias=True, permute=True, device=CPU, name="ctp")
     ctp.load_state_dict({"ctp.weight": np.transpose(w2, (2, 1, 0)), "ctp.bias": b})  # [in, out, k]
     want_ctp = np.transpose(REF["ct2.out"], (0, 2, 1)) + b[:, None]  # [batch, out, new_length]
+    bw = np.linspace(-1, 1, 6).astype(np.float32)
     v = np.transpose(REF["wn3/wn3.weight"], (2, 1, 0))  # [in=4, out=6, k=4]
     g = 2 * np.sqrt((v**2).sum((1, 2)))[:, None, None]  # [in, 1, 1]: weight = 2 v
     wn = nn.WeightNormConvTranspose1d(4, 4, 6, F32, stride=2, padding=1, has_bias=True, permute=True, device=CPU, name="wn")
-    bw = np.linspace(-1, 1, 6).astype(np.float32)
-    wn.load_state_dict({"wn.weight_v": v, "wn.weight_g": g.astype(np.float32), "wn.bias": bw})
+    # MAX's extra keys: the inner layer's weight (unused: NaN proves it) and its bias (the same Weight as wn.bias)
+    unused = {"conv.wn.weight": np.full((4, 6, 4), np.nan, np.float32), "conv.wn.bias": bw}
+    wn.load_state_dict({"wn.weight_v": v, "wn.weight_g": g.astype(np.float32), "wn.bias": bw, **unused})
     want_wn = 2 * np.transpose(REF["wn3.out"], (0, 2, 1)) + bw[:, None]
     xs = (np.transpose(REF["ct2.x"], (0, 2, 1)), np.transpose(REF["wn3.x"], (0, 2, 1)))  # [batch, in, length]
     return (ctp, wn), xs, (want_ctp, want_wn)
@@ -63,7 +65,8 @@ def test_weight_names_shapes_and_attributes_are_max():
     assert (c.stride, c.padding, c.dilation, c.output_padding, c.kernel_length) == ((1, 2), (0, 0, 1, 1), (1, 3), (0, 1), 3)
     assert c.bias is None and sorted(c.state_dict()) == ["weight"]
     w = nn.WeightNormConvTranspose1d(3, 4, 5, F32)
-    assert sorted(w.state_dict()) == ["weight_g", "weight_v"] and not hasattr(w.conv, "weight")
+    # MAX keeps the inner layer's deleted (unused) weight registered
+    assert sorted(w.state_dict()) == ["conv.weight", "weight_g", "weight_v"] and not hasattr(w.conv, "weight")
 
 
 def test_layers_match_max_in_three_modes():
@@ -88,12 +91,13 @@ def test_max_build_time_rules():
     # MAX adds the bias of the NHWC (permute=False) path along the wrong axis: only 1 channel builds
     c = nn.ConvTranspose1d(3, 4, 5, F32, has_bias=True, device=CPU)
     c.load_state_dict({"weight": np.ones((3, 5, 4), np.float32), "bias": np.ones(5, np.float32)})
-    with pytest.raises(ValueError):
+    # [N, L, F, 1] + [F] broadcasts to [N, L, F, F]; permuted back, the height-1 axis is gone
+    with pytest.raises(ValueError, match=r"squeeze\(float32\[2, 5, 9, 5\]\) failed"):
         Graph("b", forward=c, input_types=[TensorType(F32, [2, 7, 4], CPU)])
     # MAX's weight norm without permute normalises over the kernel axis: weight_g [in, 1, 1] must
     # broadcast against [length, out, in]
     w = nn.WeightNormConvTranspose1d(3, 4, 5, F32, device=CPU)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="mul"):
         Graph("w", forward=w, input_types=[TensorType(F32, [2, 7, 4], CPU)])
-    with pytest.raises(ValueError, match="input channels"):
-        nn.ConvTranspose1d(3, 4, 5, F32, device=CPU)(np.zeros((2, 7, 3), np.float32))
+    with pytest.raises(ValueError, match=r"input channels \(3, axis 3 of NHWC input\) must match the filter's input channels \(4"):
+        Graph("c", forward=nn.ConvTranspose1d(3, 4, 5, F32, device=CPU), input_types=[TensorType(F32, [2, 7, 3], CPU)])

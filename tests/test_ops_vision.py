@@ -27,10 +27,17 @@ INPUTS = list(CASES.inputs())
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
+def _refused(cb: bool, p) -> bool:
+    """avg_pool2d's count_boundary=False with padding, which maxjax refuses (MAX's numbers are inconsistent)."""
+    return not cb and p not in (0, (0, 0))
+
+
 def _all_ops(v: dict) -> dict:
     """Every op case of the reference on the values ``v`` (graph values, arrays or tracers)."""
     out = {}
     for n, (kind, x, kern, s, d, p, cm, cb) in CASES.POOLS.items():
+        if _refused(cb, p):
+            continue
         out[n] = ops.max_pool2d(v[x], kern, s, d, p, cm) if kind == "max" else ops.avg_pool2d(v[x], kern, s, d, p, cm, cb)
     for n, (x, w, s, d, p, op, b, il, fl) in CASES.CONVT.items():
         out[n] = ops.conv2d_transpose(v[x], v[w], s, d, p, op, None if b is None else v[b], ConvInputLayout(il), FilterLayout(fl))

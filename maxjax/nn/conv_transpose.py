@@ -94,7 +94,8 @@ class WeightNormConvTranspose1d(Module):
     ||weight_v|| * weight_g``, the norm over each slice along ``weight_v``'s axis 0.
 
     Weights: ``weight_g [in_channels, 1, 1]``, ``weight_v`` (``ConvTranspose1d``'s weight shape),
-    ``bias [out_channels]``; ``{name}.`` prefixes with ``name``. With ``permute`` axis 0 is the
+    ``bias [out_channels]``; ``{name}.`` prefixes with ``name``. As in MAX 26.7 the state_dict also
+    holds the inner layer's unused ``conv.{name}.weight`` (and ``conv.{name}.bias``) entries. With ``permute`` axis 0 is the
     input channel (PyTorch's ``weight_norm(dim=0)``); without it MAX normalises over the kernel
     axis and ``weight_g`` must broadcast against ``[length, out_channels, in_channels]``
     (``length == in_channels`` or 1), else the call fails at build time as in MAX.
@@ -127,9 +128,12 @@ class WeightNormConvTranspose1d(Module):
         v_shape = (in_channels, out_channels, length) if permute else (length, out_channels, in_channels)
         self.weight_v = Weight(f"{name}.weight_v" if name else "weight_v", dtype, v_shape, device or DeviceRef.CPU())
         self.bias = self.conv.bias
-        del self.conv.weight
+        # MAX 26.7 deletes conv.weight / conv.bias as attributes, but its Module keeps them
+        # registered: they stay in the state_dict as ``conv.{name}.weight`` (and ``.bias``),
+        # unused. Same here: the attributes go, the registrations stay.
+        object.__delattr__(self.conv, "weight")
         if "bias" in vars(self.conv):
-            del self.conv.bias
+            object.__delattr__(self.conv, "bias")
 
     def __call__(self, x: Any) -> Any:
         v = self.weight_v

@@ -4,6 +4,11 @@ adjoint of im2col/``unfold`` (PyTorch's ``torch.nn.functional.fold``).
 ``input [N, C * kh * kw, L]`` with block channels ordered ``c * kh * kw + i * kw + j`` and the
 ``L = L_h * L_w`` blocks row-major, ``L_d = (out_d + 2 * pad_d - dilation_d * (k_d - 1) - 1)
 // stride_d + 1``; result ``[N, C, out_h, out_w]``; overlapping blocks add up.
+
+Padding as MAX 26.7 computes it (checked against its numbers): the blocks are summed into the
+padded ``[out_h + 2 pad_h, out_w + 2 pad_w]`` canvas and the result is its top-left
+``[out_h, out_w]`` corner, where PyTorch takes the centre ``[pad_h:pad_h + out_h, ...]``. Without
+padding the two agree.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ def _fold(x: Any, *, output_size: tuple, kernel_size: tuple, stride: tuple, dila
             rows = slice(i * dh, i * dh + sh * (lh - 1) + 1, sh)
             cols = slice(j * dw, j * dw + sw * (lw - 1) + 1, sw)
             out = out.at[:, :, rows, cols].add(blocks[:, :, i, j].astype(acc))
-    return out[:, :, ph : ph + oh, pw : pw + ow].astype(x.dtype)  # [N, C, out_h, out_w]
+    return out[:, :, :oh, :ow].astype(x.dtype)  # [N, C, out_h, out_w]: MAX's corner (see the module docstring)
 
 
 def _pair(v: Any) -> tuple[int, int]:

@@ -2,12 +2,14 @@
 ``max.graph.ops.pooling``), channels-last (``NHWC``).
 
 Pooling is one ``jax.lax.reduce_window`` over the spatial axes. ``padding`` is ``int`` or
-``(pad_h, pad_w)``, added on both sides. Output size per spatial axis (PyTorch's rule, which MAX
-26.7 follows; checked against MAX's numbers): ``(in + 2 * pad - dilation * (k - 1) - 1) / stride + 1``
-rounded down, or up with ``ceil_mode`` where the last window must then start inside the input or
-its left padding. Max pooling ignores padded positions. Average pooling divides by the window's
-size clipped to the padded input (``count_boundary=True``) or by its number of input elements
-(``count_boundary=False``).
+``(pad_h, pad_w)``, added on both sides. Output size per spatial axis, as MAX 26.7 computes it
+(checked against its numbers): ``(in + 2 * pad - dilation * (k - 1) - 1) / stride + 1`` rounded
+down, or up with ``ceil_mode``; unlike PyTorch, a last window lying wholly past the input is kept
+(max gives ``-inf`` there, average 0). Max pooling ignores padded positions. Average pooling
+divides by ``kh * kw`` whatever the window covers (``count_boundary=True``), or by the number of
+input elements in the window (``count_boundary=False``, only without padding: MAX 26.7's CPU
+kernel gives inconsistent divisors, and inf/NaN with ``ceil_mode``, for padded inputs there, so
+maxjax refuses that combination).
 """
 
 from __future__ import annotations
@@ -34,8 +36,6 @@ def _static(d: Any) -> int | None:
 def _out_size(n: int, k: int, s: int, d: int, p: int, ceil_mode: bool) -> int:
     span = n + 2 * p - d * (k - 1) - 1
     out = (-(-span // s) if ceil_mode else span // s) + 1
-    if ceil_mode and (out - 1) * s >= n + p:  # the last window would start in the right padding
-        out -= 1
     return out
 
 
@@ -54,15 +54,11 @@ def _pool(x: Any, *, kind: str, kernel: tuple, stride: tuple, dilation: tuple, p
         return jax.lax.reduce_window(x, jnp.asarray(init, x.dtype), jax.lax.max, win, strides, pads, window_dilation=dil)
     acc = jnp.float32 if x.dtype != jnp.float64 else jnp.float64
     total = jax.lax.reduce_window(x.astype(acc), jnp.asarray(0, acc), jax.lax.add, win, strides, pads, window_dilation=dil)
-    # the divisor: ones over the input (and its padding when counting the boundary), zero beyond
-    h, w = x.shape[1], x.shape[2]
-    if count_boundary:
-        ones = jnp.ones((1, h + 2 * padding[0], w + 2 * padding[1], 1), acc)
-        cpads = [(0, 0), (0, extra[0]), (0, extra[1]), (0, 0)]
-    else:
-        ones = jnp.ones((1, h, w, 1), acc)
-        cpads = pads
-    count = jax.lax.reduce_window(ones, jnp.asarray(0, acc), jax.lax.add, win, strides, cpads, window_dilation=dil)
+    if count_boundary:  # MAX's divisor: the window's taps, padding and overhang included
+        return (total / (kernel[0] * kernel[1])).astype(x.dtype)
+    # the input elements each window covers (no padding here: see _run)
+    ones = jnp.ones((1, x.shape[1], x.shape[2], 1), acc)
+    count = jax.lax.reduce_window(ones, jnp.asarray(0, acc), jax.lax.add, win, strides, pads, window_dilation=dil)
     return (total / count).astype(x.dtype)  # [N, H_out, W_out, C]
 
 
@@ -77,6 +73,11 @@ def _run(op: str, input: Any, kernel_size: Any, stride: Any, dilation: Any, padd
     if len(kernel) != 2:
         raise ValueError(f"{op}: kernel_size must have 2 entries (kernel_h, kernel_w), got {kernel_size}")
     stride, dilation, padding = _pair(stride), _pair(dilation), _pair(padding)
+    if not count_boundary and padding != (0, 0):
+        raise NotImplementedError(
+            f"{op}: count_boundary=False with padding={padding} is not supported (MAX 26.7's kernel gives "
+            "inconsistent averages there); use padding=0 or count_boundary=True"
+        )
     for i, axis in enumerate("HW"):
         n = _static(input.shape[1 + i])
         if n is not None and _out_size(n, kernel[i], stride[i], dilation[i], padding[i], ceil_mode) <= 0:
@@ -104,6 +105,7 @@ def avg_pool2d(
 
     Raises:
         ValueError: ``input`` not rank 4, a non-positive output size (at build time, as MAX).
+        NotImplementedError: ``count_boundary=False`` with nonzero ``padding``.
     """
     return _run("avg_pool2d", input, kernel_size, stride, dilation, padding, ceil_mode, count_boundary)
 
@@ -125,7 +127,7 @@ def max_pool2d(
     return _run("max_pool2d", input, kernel_size, stride, dilation, padding, ceil_mode, True)
 
 
-def _bilinear(img: Any, y: Any, x: Any) -> Any:
+def _bilinear(img: Any, y: Any, x: Any, terms: bool = False) -> Any:
     # img: [H, W, C]; y, x: [...] sample positions -> [..., C] (torchvision's rule: 0 outside
     # [-1, H] x [-1, W], positions clamped to the border inside it)
     h, w = img.shape[0], img.shape[1]
@@ -138,10 +140,11 @@ def _bilinear(img: Any, y: Any, x: Any) -> Any:
     y, x = jnp.where(y_edge, y0.astype(y.dtype), y), jnp.where(x_edge, x0.astype(x.dtype), x)
     ly, lx = y - y0.astype(y.dtype), x - x0.astype(x.dtype)
     hy, hx = 1 - ly, 1 - lx
-    v = (
-        (hy * hx)[..., None] * img[y0, x0] + (hy * lx)[..., None] * img[y0, x1]
-        + (ly * hx)[..., None] * img[y1, x0] + (ly * lx)[..., None] * img[y1, x1]
-    )  # fmt: skip
+    parts = jnp.stack([
+        (hy * hx)[..., None] * img[y0, x0], (hy * lx)[..., None] * img[y0, x1],
+        (ly * hx)[..., None] * img[y1, x0], (ly * lx)[..., None] * img[y1, x1],
+    ])  # fmt: skip  [4, ..., C]: the weighted corners
+    v = jnp.max(parts, axis=0) if terms else jnp.sum(parts, axis=0)
     return jnp.where(out[..., None], 0.0, v)
 
 
@@ -169,7 +172,7 @@ def _roi_align(x: Any, rois: Any, *, output_height: int, output_width: int, spat
     yy = jnp.broadcast_to(ys[:, :, None, :, None], (ys.shape[0], output_height, output_width, grid[0], grid[1]))
     xx = jnp.broadcast_to(xs[:, None, :, None, :], yy.shape)
     img = x.astype(acc)[r[:, 0].astype(jnp.int32)]  # [M, H, W, C]
-    vals = jax.vmap(_bilinear)(img, yy, xx)  # [M, oh, ow, gy, gx, C]
+    vals = jax.vmap(lambda i, a, b: _bilinear(i, a, b, mode == "MAX"))(img, yy, xx)  # [M, oh, ow, gy, gx, C]
     use = (my[:, None, None, :, None] & mx[:, None, None, None, :])[..., None]  # [M, 1, 1, gy, gx, 1]
     if mode == "AVG":
         out = jnp.sum(jnp.where(use, vals, 0.0), axis=(3, 4)) / (gh * gw)[:, None, None, None]
@@ -193,9 +196,10 @@ def roi_align(
     ``roi_align`` sampling and bilinear rules) of ``input [N, H, W, C]`` over
     ``rois [M, 5]`` rows ``(batch_index, x1, y1, x2, y2)``, to ``[M, output_height, output_width, C]``.
 
-    Each bin averages (``"AVG"``) or takes the max (``"MAX"``) of ``sampling_ratio ** 2`` bilinear
-    samples, or ``ceil(bin_h) * ceil(bin_w)`` with ``sampling_ratio = 0``. That adaptive count
-    depends on the ROI sizes; maxjax samples on a static grid of ``ceil(H / output_height) + 1``
+    Each bin averages (``"AVG"``) ``sampling_ratio ** 2`` bilinear samples or, with ``"MAX"``,
+    takes the largest weighted corner term ``w_k * v_k`` of those samples (ONNX ``RoiAlign``'s max
+    mode, which MAX 26.7 follows; checked against its numbers); with ``sampling_ratio = 0`` a bin takes
+    ``ceil(bin_h) * ceil(bin_w)`` samples. That adaptive count depends on the ROI sizes; maxjax samples on a static grid of ``ceil(H / output_height) + 1``
     by ``ceil(W / output_width) + 1`` points per bin (ROIs inside the feature map fit), and gives
     NaN for a ROI that needs more (eagerly on concrete ROIs it raises instead).
 
