@@ -14,6 +14,10 @@ permuting back, for either layout (``max/graph/ops/conv_transpose.py``). With ``
 the per-channel bias. With ``NHWC`` it adds ``bias`` along the *height* axis instead, so it
 builds only when the height equals ``len(bias)`` (or broadcasts with it); maxjax composes the
 same ops and so gives MAX's numbers and MAX's build-time errors there too.
+
+Checked against MAX 26.7's numbers for NHWC/RSCF (strides, dilations, paddings, output paddings,
+the bias rule). MAX's CPU kernel does not compile the CFRS filter layout ("Filter layout CFRS is
+not supported"); maxjax runs it as the RSCF filter permuted, and NCHW as NHWC permuted (tests).
 """
 
 from __future__ import annotations
