@@ -203,8 +203,11 @@ def test_build_time_errors_as_max():
         ops.roi_align(_z(2, 7, 6, 3), _z(4, 5), 2, 3, mode="avg")
     with pytest.raises(ValueError, match="roi_align expects rank-2 rois"):
         ops.roi_align(_z(2, 7, 6, 3), _z(4, 5, 1), 2, 3)
-    with pytest.raises(ValueError, match="more adaptive samples"):  # a ROI far larger than the map
-        ops.roi_align(_z(1, 4, 4, 1), np.array([[0, 0, 0, 40, 40]], np.float32), 2, 2)
+    big = np.array([[0, 0, 0, 40, 40], [0, 0, 0, 3, 3]], np.float32)  # a ROI far larger than the 4x4 map, one inside
+    with pytest.raises(ValueError, match="more adaptive samples"):
+        ops.roi_align(_z(1, 4, 4, 1), big, 2, 2)
+    jitted = np.asarray(jax.jit(lambda a, r: ops.roi_align(a, r, 2, 2))(_z(1, 4, 4, 1), big))  # no check under jit: NaN
+    assert np.isnan(jitted[0]).all() and np.isfinite(jitted[1]).all()
     # errors come at graph-build time too
     with pytest.raises(ValueError, match="coordinate_transform_mode"):
         Graph("e", forward=lambda t: ops.resize_linear(t, [2, 3, 9, 4], 7), input_types=[TensorType(DType.float32, [2, 3, 5, 6], CPU)])

@@ -44,7 +44,9 @@ def _static(d: Any) -> int | None:
         return None
 
 
-def _conv_transpose(x: Any, w: Any, *, stride: tuple, dilation: tuple, padding: tuple, output_paddings: tuple, lhs: str, rhs: str, flip: tuple) -> Any:
+def _conv_transpose(
+    x: Any, w: Any, *, stride: tuple, dilation: tuple, padding: tuple, output_paddings: tuple, lhs: str, rhs: str, flip: tuple
+) -> Any:
     k = [w.shape[a] for a in flip]  # (kh, kw)
     pads = [
         (dilation[i] * (k[i] - 1) - padding[2 * i], dilation[i] * (k[i] - 1) - padding[2 * i + 1] + output_paddings[i])

@@ -90,7 +90,8 @@ def non_maximum_suppression(
             f"[{boxes.shape[0]}, C, {boxes.shape[1]}], got {list(scores.shape)}"
         )
     k = int(np.asarray(arrays[2]))
-    selected, order = apply(_nms_mask, boxes, scores, jnp.asarray(arrays[3]), jnp.asarray(arrays[4]), _name="non_maximum_suppression", max_per_class=k)
+    thresholds = jnp.asarray(arrays[3]), jnp.asarray(arrays[4])
+    selected, order = apply(_nms_mask, boxes, scores, *thresholds, _name="non_maximum_suppression", max_per_class=k)
     selected, order = np.asarray(selected), np.asarray(order)
     b, c, _ = np.nonzero(selected)  # row-major: batch, class, then selection order
     rows = np.stack([b, c, order[selected]], axis=1)  # [num_selected, 3]

@@ -148,7 +148,10 @@ def _bilinear(img: Any, y: Any, x: Any, terms: bool = False) -> Any:
     return jnp.where(out[..., None], 0.0, v)
 
 
-def _roi_align(x: Any, rois: Any, *, output_height: int, output_width: int, spatial_scale: float, sampling_ratio: float, aligned: bool, mode: str, grid: tuple) -> Any:
+def _roi_align(
+    x: Any, rois: Any, *, output_height: int, output_width: int, spatial_scale: float, sampling_ratio: float,
+    aligned: bool, mode: str, grid: tuple,
+) -> Any:  # fmt: skip
     # x: [N, H, W, C], rois: [M, 5] -> [M, oh, ow, C]
     acc = jnp.float32
     offset = 0.5 if aligned else 0.0
@@ -199,8 +202,8 @@ def roi_align(
     Each bin averages (``"AVG"``) ``sampling_ratio ** 2`` bilinear samples or, with ``"MAX"``,
     takes the largest weighted corner term ``w_k * v_k`` of those samples (ONNX ``RoiAlign``'s max
     mode, which MAX 26.7 follows; checked against its numbers); with ``sampling_ratio = 0`` a bin takes
-    ``ceil(bin_h) * ceil(bin_w)`` samples. That adaptive count depends on the ROI sizes; maxjax samples on a static grid of ``ceil(H / output_height) + 1``
-    by ``ceil(W / output_width) + 1`` points per bin (ROIs inside the feature map fit), and gives
+    ``ceil(bin_h) * ceil(bin_w)`` samples. That adaptive count depends on the ROI sizes; maxjax
+    samples on a static grid of ``ceil(H / output_height) + 1`` by ``ceil(W / output_width) + 1`` points per bin (ROIs inside the feature map fit), and gives
     NaN for a ROI that needs more (eagerly on concrete ROIs it raises instead).
 
     Raises:
@@ -222,12 +225,15 @@ def roi_align(
     else:
         h, w = _static(input.shape[1]), _static(input.shape[2])
         if h is None or w is None:
-            raise ValueError(f"roi_align: sampling_ratio=0 (adaptive) needs a static height and width in maxjax, got {list(input.shape)}")
+            raise ValueError(
+                f"roi_align: sampling_ratio=0 (adaptive) needs a static height and width in maxjax, got {list(input.shape)}"
+            )
         grid = (-(-h // oh) + 1, -(-w // ow) + 1)
     out = apply(
         _roi_align, input, rois, _name="roi_align", output_height=oh, output_width=ow, spatial_scale=float(spatial_scale),
         sampling_ratio=float(sampling_ratio), aligned=bool(aligned), mode=mode, grid=grid,
     )  # fmt: skip
-    if isinstance(out, jax.Array) and not isinstance(out, jax.core.Tracer) and sampling_ratio <= 0 and bool(jnp.isnan(out).any()) and not bool(jnp.isnan(jnp.asarray(input)).any()):
+    concrete = isinstance(out, jax.Array) and not isinstance(out, jax.core.Tracer)
+    if concrete and sampling_ratio <= 0 and bool(jnp.isnan(out).any()) and not bool(jnp.isnan(jnp.asarray(input)).any()):
         raise ValueError(f"roi_align: an ROI needs more adaptive samples per bin than maxjax's static grid {grid} (see the docstring)")
     return out

@@ -103,7 +103,8 @@ def _nearest_index(n_in: int, n_out: int, mode: int, round_mode: int) -> np.ndar
 
 
 def _resized_axes(x: Any, size: tuple) -> list[int]:
-    return [i for i, (a, b) in enumerate(zip(x.shape, size)) if not (a is b or (isinstance(a, int) and isinstance(b, int) and a == b) or _same(a, b))]
+    """The axes whose size changes (equal symbolic sizes count as unchanged)."""
+    return [i for i, (a, b) in enumerate(zip(x.shape, size)) if not _same(a, b)]
 
 
 def _same(a: Any, b: Any) -> bool:
