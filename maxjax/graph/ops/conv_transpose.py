@@ -28,20 +28,13 @@ import jax
 import jax.numpy as jnp
 
 from maxjax.graph.ops._core import apply
+from maxjax.graph.ops.pooling import _static
 from maxjax.graph.type import ConvInputLayout, FilterLayout
 
 __all__ = ["conv2d_transpose"]
 
 # filter layout -> (lax rhs spec, its spatial axes); O = the result's channels (C_out), I = C_in
 _RHS = {"RSCF": ("HWOI", (0, 1)), "CFRS": ("IOHW", (2, 3))}
-
-
-def _static(d: Any) -> int | None:
-    """``d`` as an int when it is static (an int or a static Dim), else None."""
-    try:
-        return int(d)
-    except (TypeError, ValueError):
-        return None
 
 
 def _conv_transpose(

@@ -18,6 +18,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from maxjax.graph.ops._core import apply
+from maxjax.graph.ops.pooling import _pair, _static
 
 __all__ = ["fold"]
 
@@ -39,10 +40,6 @@ def _fold(x: Any, *, output_size: tuple, kernel_size: tuple, stride: tuple, dila
             cols = slice(j * dw, j * dw + sw * (lw - 1) + 1, sw)
             out = out.at[:, :, rows, cols].add(blocks[:, :, i, j].astype(acc))
     return out[:, :, :oh, :ow].astype(x.dtype)  # [N, C, out_h, out_w]: MAX's corner (see the module docstring)
-
-
-def _pair(v: Any) -> tuple[int, int]:
-    return (int(v), int(v)) if not isinstance(v, tuple) else (int(v[0]), int(v[1]))
 
 
 def fold(
@@ -69,19 +66,13 @@ def fold(
         raise ValueError(f"fold: output_size {output_size} and kernel_size {kernel_size} must be static ints in maxjax") from None
     stride, dilation, padding = _pair(stride), _pair(dilation), _pair(padding)
     kh, kw = kernel_size
-    try:
-        c = int(input.shape[1])
-    except (TypeError, ValueError):
-        c = None
+    c = _static(input.shape[1])
     if c is not None and c % (kh * kw):
         raise ValueError(f"Dim 1 of the input tensor ({c}) must be a multiple of the product of the total kernel size ({kh} * {kw}).")
     n_blocks = 1
     for o, k, s, d, p in zip(output_size, kernel_size, stride, dilation, padding):
         n_blocks *= _blocks(o, k, s, d, p)
-    try:
-        got = int(input.shape[2])
-    except (TypeError, ValueError):
-        got = None
+    got = _static(input.shape[2])
     if got is not None and got != n_blocks:
         raise ValueError(f"Last dimension of input tensor ({got}) must match the calculated number of blocks ({n_blocks}).")
     return apply(

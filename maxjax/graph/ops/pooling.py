@@ -27,6 +27,7 @@ __all__ = ["avg_pool2d", "max_pool2d", "roi_align"]
 
 
 def _static(d: Any) -> int | None:
+    """``d`` as an int when it is static (an int or a static Dim), else None."""
     try:
         return int(d)
     except (TypeError, ValueError):
@@ -63,6 +64,7 @@ def _pool(x: Any, *, kind: str, kernel: tuple, stride: tuple, dilation: tuple, p
 
 
 def _pair(v: Any) -> tuple[int, int]:
+    """MAX's ``int | tuple[int, int]`` arguments as a pair."""
     return (int(v), int(v)) if not isinstance(v, tuple) else (int(v[0]), int(v[1]))
 
 
