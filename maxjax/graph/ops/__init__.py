@@ -32,8 +32,9 @@ from maxjax.graph.ops.shape import (
 )
 
 __all__ = [
-    "conv2d", "conv3d", "conv2d_transpose", "fold", "non_maximum_suppression", "avg_pool2d", "max_pool2d", "roi_align",
-    "InterpolationMode", "resize", "resize_bicubic", "resize_linear", "resize_nearest", "group_norm", "buffer_create", "buffer_load", "buffer_store", "buffer_store_slice",
+    "conv2d", "conv3d", "group_norm", "buffer_create", "buffer_load", "buffer_store", "buffer_store_slice",
+    "conv2d_transpose", "fold", "non_maximum_suppression", "avg_pool2d", "max_pool2d", "roi_align",
+    "InterpolationMode", "resize", "resize_bicubic", "resize_linear", "resize_nearest",
     "abs", "acos", "add", "allgather", "allreduce", "apply", "argmax", "argmin", "argsort", "atanh", "band_part", "bottom_k",
     "broadcast_to", "call", "cast", "ceil", "chunk", "concat", "constant", "cos", "cumsum", "dequantize",
     "div", "equal", "erf", "exp", "flatten", "floor", "floor_div", "gather", "gather_nd", "gelu", "greater",
