@@ -3,6 +3,7 @@
 from maxjax.nn.attention import AttentionWithRope, GGUFQAttentionWithRope, GPTQAttentionWithRope, MultiheadAttention, RaggedAttention
 from maxjax.nn.comm import Allreduce, Signals
 from maxjax.nn.conv import Conv1D, Conv2d, Conv3D
+from maxjax.nn.conv_transpose import ConvTranspose1d, WeightNormConvTranspose1d
 from maxjax.nn.embedding import Embedding
 from maxjax.nn.embedding import VocabParallelEmbedding
 from maxjax.nn.moe import MoE, MoEGate, forward_moe_sharded_layers
@@ -32,6 +33,7 @@ __all__ = [
     "build_max_lengths_tensors",
     "ReturnLogits", "Transformer", "RotaryEmbedding", "LinearScalingParams", "Llama3RopeScalingParams",
     "Llama3RotaryEmbedding", "LongRoPERotaryEmbedding", "LongRoPEScalingParams", "YarnRotaryEmbedding", "DynamicRotaryEmbedding", "YarnScalingParams", "Signals", "TransformerBlock",
+    "ConvTranspose1d", "WeightNormConvTranspose1d",
     "ConstantLayerNorm", "Conv1D", "Conv2d", "Conv3D", "Embedding", "GroupNorm", "HookHandle", "Layer", "LayerList", "LayerNorm", "LayerV2", "Linear", "LoadStateDictResult",
     "MLP", "Module", "RMSNorm", "Sequential", "abstract_state", "functional_call", "init", "state",
     "ColumnParallelLinear", "FusedMLP", "GPTQLinear", "StackedLinear", "clamp", "InputScaleSpec", "QuantConfig",

@@ -20,6 +20,11 @@ from maxjax.graph.ops.scatter import (
 )
 from maxjax.graph.ops.signal import as_interleaved_complex, hann_window, irfft
 from maxjax.graph.ops.conv import conv2d, conv3d
+from maxjax.graph.ops.conv_transpose import conv2d_transpose
+from maxjax.graph.ops.fold import fold
+from maxjax.graph.ops.nms import non_maximum_suppression
+from maxjax.graph.ops.pooling import avg_pool2d, max_pool2d, roi_align
+from maxjax.graph.ops.resize import InterpolationMode, resize, resize_bicubic, resize_linear, resize_nearest
 from maxjax.graph.ops.group_norm import group_norm
 from maxjax.graph.ops.elementwise import (
     abs, acos, add, atanh, ceil, cos, div, equal, erf, exp, floor, floor_div, gelu, greater, greater_equal,
@@ -39,6 +44,8 @@ from maxjax.graph.ops.shape import (
 
 __all__ = [
     "conv2d", "conv3d", "group_norm", "buffer_create", "buffer_load", "buffer_store", "buffer_store_slice",
+    "conv2d_transpose", "fold", "non_maximum_suppression", "avg_pool2d", "max_pool2d", "roi_align",
+    "InterpolationMode", "resize", "resize_bicubic", "resize_linear", "resize_nearest",
     "abs", "acos", "add", "allgather", "allreduce", "apply", "argmax", "argmin", "argsort", "atanh", "band_part", "bottom_k",
     "broadcast_to", "call", "cast", "ceil", "chunk", "concat", "constant", "cos", "cumsum", "dequantize",
     "div", "equal", "erf", "exp", "flatten", "floor", "floor_div", "gather", "gather_nd", "gelu", "greater",
