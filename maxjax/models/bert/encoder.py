@@ -50,7 +50,7 @@ class EncoderTokenizer:
     """A BERT ``tokenizer.json`` (Hugging Face ``tokenizers``) that truncates at ``max_length``
     tokens (``[CLS]`` and ``[SEP]`` included) and does not pad.
 
-    ``encode_batch(texts) -> list[list[int]]``.
+    ``encode_batch(texts) -> list[list[int]]``; ``cls_id``/``sep_id``/``pad_id``: the special tokens.
 
     Raises:
         ValueError: (constructing) the file is missing or not a tokenizer (naming it).
@@ -70,6 +70,10 @@ class EncoderTokenizer:
         tok.enable_truncation(max_length)
         self.tokenizer, self.max_length, self.path = tok, max_length, path
         self.pad_id = tok.token_to_id("[PAD]") or 0
+        special = tok.encode("", add_special_tokens=True).ids  # the post-processor's template: [CLS] [SEP]
+        if len(special) != 2:
+            raise ValueError(f"{path}: its post-processor does not wrap a text in two special tokens ([CLS] ... [SEP])")
+        self.cls_id, self.sep_id = special
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=True)]
