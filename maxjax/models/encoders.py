@@ -12,7 +12,7 @@ from typing import Any
 
 from maxjax.models.registry import encoder_for_hf_config, read_hf_config
 
-__all__ = ["load_encoder", "default_encoder_dir"]
+__all__ = ["load_encoder", "default_encoder_dir", "is_encoder_dir"]
 
 
 def default_encoder_dir() -> Path:
@@ -24,6 +24,19 @@ def default_encoder_dir() -> Path:
     from maxjax._bundled import minilm_dir
 
     return minilm_dir()
+
+
+def is_encoder_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a directory whose ``config.json`` names a registered encoder
+    architecture (so ``maxjax serve --model`` serves embeddings rather than completions)."""
+    cfg_path = Path(path) / "config.json"
+    if not cfg_path.is_file():
+        return False
+    try:
+        encoder_for_hf_config(read_hf_config(cfg_path), str(cfg_path))
+    except ValueError:
+        return False
+    return True
 
 
 def load_encoder(path: str | os.PathLike[str] | None = None) -> Any:
