@@ -96,7 +96,7 @@ class EncoderEngine:
         t0 = time.perf_counter()
         from maxjax.models.bert.encoder import length_buckets
 
-        for rows in length_buckets(self.max_batch, 1):
+        for rows in length_buckets(self.max_batch, 1, between=False):
             for seq in self.encoder.buckets:
                 self.encoder.embed_ids([[0] * seq] * rows, batch_size=self.max_batch)
         return time.perf_counter() - t0

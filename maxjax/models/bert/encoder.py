@@ -2,8 +2,8 @@
 
 The tokenizer is the model's ``tokenizer.json`` run by Hugging Face ``tokenizers`` (WordPiece,
 lower-casing as its normalizer says), truncated at the model's ``max_seq_length`` with padding
-turned off: :class:`SentenceEncoder` pads each batch itself, to a few length buckets (16, 32, 64,
-... up to the max length) and a few batch sizes (powers of two up to ``batch_size``), so a new
+turned off: :class:`SentenceEncoder` pads each batch itself, to a few length buckets (16, 24, 32,
+48, 64, ... up to the max length) and a few batch sizes (powers of two up to ``batch_size``), so a new
 batch rarely compiles. The model runs in graph mode (MAX's way): one :class:`~maxjax.graph.Graph`
 with symbolic ``batch`` and ``seq`` dims made a pure function by :class:`~maxjax.engine.Program`
 (its six layers one ``lax.scan``) under ``jax.jit``.
@@ -30,11 +30,14 @@ from maxjax.models.registry import read_hf_config
 __all__ = ["SentenceEncoder", "EncoderTokenizer", "load_bert_encoder", "load_module", "length_buckets"]
 
 
-def length_buckets(max_len: int, smallest: int = 16) -> tuple[int, ...]:
-    """Padded sequence lengths: powers of two from ``smallest`` below ``max_len``, then ``max_len``."""
+def length_buckets(max_len: int, smallest: int = 16, between: bool = True) -> tuple[int, ...]:
+    """Padded sizes up to ``max_len``: powers of two from ``smallest`` (with ``between``, also the
+    size halfway to the next one: 16, 24, 32, 48, 64, ...; at most 1.5x padding), then ``max_len``."""
     out, n = [], smallest
     while n < max_len:
         out.append(n)
+        if between and n >= 4 and n + n // 2 < max_len:
+            out.append(n + n // 2)
         n *= 2
     return (*out, max_len)
 
@@ -168,7 +171,7 @@ class SentenceEncoder:
                 raise ValueError(f"row {r} has a token id outside [0, {v})")
         order = np.argsort([-len(r) for r in ids], kind="stable")
         out = np.empty((len(ids), self.dimension), np.float32)
-        row_buckets = length_buckets(batch_size, 1)
+        row_buckets = length_buckets(batch_size, 1, between=False)
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
             input_ids, mask = self.pad([ids[i] for i in idx], _bucket(len(idx), row_buckets))
