@@ -69,10 +69,11 @@ class EncoderTokenizer:
             tok = Tokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises a bare Exception on a bad file
             raise ValueError(f"{path}: not a tokenizers tokenizer.json: {' '.join(str(e).split())}") from None
+        padding = tok.padding or {}  # the file's own padding settings name its pad id
+        self.pad_id = int(padding.get("pad_id", tok.token_to_id("[PAD]") or 0))
         tok.no_padding()
         tok.enable_truncation(max_length)
         self.tokenizer, self.max_length, self.path = tok, max_length, path
-        self.pad_id = tok.token_to_id("[PAD]") or 0
         special = tok.encode("", add_special_tokens=True).ids  # the post-processor's template: [CLS] [SEP]
         if len(special) != 2:
             raise ValueError(f"{path}: its post-processor does not wrap a text in two special tokens ([CLS] ... [SEP])")
