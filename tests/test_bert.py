@@ -103,6 +103,8 @@ def test_graph_mode_with_inference_session(encoder):
     ids, mask = encoder.pad([_ref_ids(2), _ref_ids(3)])
     out = model.execute(ids, mask)[0].to_numpy()
     assert _cosine(out, REF["embeddings"][[2, 3]]).min() >= 0.99999
+    chains = encoder.program.chains  # the six layers: one subgraph called six times, lowered to one lax.scan
+    assert [(c.sub.name, len(c.nodes)) for c in chains] == [("bert_layer", 6)]
 
 
 def test_weights_load_by_hugging_face_names(encoder):
