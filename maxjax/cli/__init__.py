@@ -8,6 +8,7 @@ without a traceback.
     maxjax generate "The quick brown fox"     # maxjax.cli.generate
     maxjax inspect model.gguf                 # maxjax.cli.inspect
     maxjax serve --port 8000                  # maxjax.cli.serve
+    maxjax embed "A sentence" "Another one"   # maxjax.cli.embed
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Subcommand:
 SUBCOMMANDS: list[Subcommand] = [
     Subcommand("generate", "generate text with a language model (default: the bundled SmolLM2)", "generate"),
     Subcommand("inspect", "list a checkpoint's metadata and tensors (GGUF, safetensors, orbax)", "inspect"),
+    Subcommand("embed", "sentence embeddings with a sentence encoder (default: the bundled all-MiniLM-L6-v2)", "embed"),
     Subcommand("serve", "serve a language model over an OpenAI-compatible HTTP API (continuous batching)", "serve"),
 ]
 

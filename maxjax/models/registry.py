@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 __all__ = ["Architecture", "register", "architectures", "for_gguf", "for_hf_config", "for_module", "read_hf_config"]
+__all__ += ["EncoderArchitecture", "register_encoder", "encoder_architectures", "encoder_for_hf_config"]
 
 
 @dataclass(frozen=True)
@@ -142,3 +143,56 @@ def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         kind = "null" if cfg is None else f"a {'list' if isinstance(cfg, list) else type(cfg).__name__}"
         raise ValueError(f"{path}: must be a JSON object, got {kind}")
     return cfg
+
+
+@dataclass(frozen=True)
+class EncoderArchitecture:
+    """What maxjax needs to load one sentence-encoder architecture (``load_encoder``).
+
+    Attributes:
+        name: the registry name (``"bert"``).
+        hf_architectures: Hugging Face ``architectures`` / ``model_type`` values it loads.
+        load: ``(model directory) -> encoder`` with ``embed(texts, batch_size=...) -> [n, dim]``.
+    """
+
+    name: str
+    hf_architectures: tuple[str, ...]
+    load: Callable[[Path], Any]
+
+
+_ENCODERS: dict[str, EncoderArchitecture] = {}
+
+
+def register_encoder(arch: EncoderArchitecture) -> EncoderArchitecture:
+    """Adds the encoder architecture ``arch`` (replacing one of the same name); returns it.
+
+    Raises:
+        ValueError: another registered encoder already claims one of its Hugging Face names.
+    """
+    for other in _ENCODERS.values():
+        clash = set(other.hf_architectures) & set(arch.hf_architectures) if other.name != arch.name else set()
+        if clash:
+            raise ValueError(f"encoder architecture {arch.name!r}: {sorted(clash)} already belong to {other.name!r}")
+    _ENCODERS[arch.name] = arch
+    return arch
+
+
+def encoder_architectures() -> list[str]:
+    """The registered encoder architectures' names."""
+    return sorted(_ENCODERS)
+
+
+def encoder_for_hf_config(cfg: Mapping[str, Any], source: str) -> EncoderArchitecture:
+    """The encoder architecture for a Hugging Face ``config.json`` (its ``architectures`` or
+    ``model_type``).
+
+    Raises:
+        ValueError: none is registered for it (naming it and the supported ones).
+    """
+    names = cfg.get("architectures") or [cfg.get("model_type")]
+    names = names if isinstance(names, list) else [names]
+    for arch in _ENCODERS.values():
+        if any(n in arch.hf_architectures for n in names):
+            return arch
+    supported = sorted(a for arch in _ENCODERS.values() for a in arch.hf_architectures)
+    raise ValueError(f"{source}: {names} is not a sentence-encoder architecture (supported: {', '.join(supported)})")

@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP front end of an :class:`~maxjax.serve.Engine` (FastAPI, SSE by sse-starlette).
 
 Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (``stream: true`` answers with
-server-sent events in OpenAI's chunk format, ending with a usage chunk and ``data: [DONE]``),
+server-sent events in OpenAI's chunk format, ending with a usage chunk and ``data: [DONE]``) for a
+language model's :class:`~maxjax.serve.Engine`; ``POST /v1/embeddings`` (OpenAI's embeddings
+format) for a sentence encoder's :class:`~maxjax.serve.encoder_engine.EncoderEngine`;
 ``GET /v1/models``, ``GET /health`` (200 while the engine runs, else 503) and ``GET /metrics``
 (Prometheus text format, see :mod:`maxjax.serve.metrics`).
 
@@ -16,6 +18,7 @@ step).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import time
@@ -29,10 +32,11 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from maxjax.serve.encoder_engine import EmbeddingJob, EncoderEngine
 from maxjax.serve.engine import ContextLengthExceeded, Engine, EngineStopped, QueueFull
 from maxjax.serve.metrics import CONTENT_TYPE
 from maxjax.serve.request import Event, Request, SamplingParams
-from maxjax.serve.schemas import ChatCompletionRequest, CompletionRequest, OpenAIRequest, error_body
+from maxjax.serve.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, OpenAIRequest, error_body
 
 __all__ = ["create_app"]
 
@@ -60,11 +64,12 @@ _ENDED = {
 }
 
 
-def create_app(engine: Engine, *, model_name: str | None = None, manage_engine: bool = True, shutdown_grace: float = 25.0) -> FastAPI:
+def create_app(engine: Engine | EncoderEngine, *, model_name: str | None = None, manage_engine: bool = True, shutdown_grace: float = 25.0) -> FastAPI:
     """The FastAPI app serving ``engine``.
 
     Args:
-        engine: a :class:`~maxjax.serve.Engine` (started by the app's lifespan if it is not running yet
+        engine: a :class:`~maxjax.serve.Engine` or an
+            :class:`~maxjax.serve.encoder_engine.EncoderEngine` (started by the app's lifespan if it is not running yet
             and ``manage_engine``; stopped when the app shuts down).
         model_name: the model's id in ``/v1/models`` and the only ``model`` requests may name
             (default: the model file's name without its extension).
@@ -74,6 +79,7 @@ def create_app(engine: Engine, *, model_name: str | None = None, manage_engine: 
     """
     lm = engine.lm
     name = model_name or _default_name(lm)
+    is_encoder = isinstance(engine, EncoderEngine)
     created = int(time.time())
 
     @contextlib.asynccontextmanager
@@ -131,6 +137,7 @@ def create_app(engine: Engine, *, model_name: str | None = None, manage_engine: 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, http: HTTPRequest) -> Any:
         _check(body, name)
+        _generative(is_encoder, name)
         ids = _completion_prompt(lm, body)
         params = _params(body, body.max_tokens if body.max_tokens is not None else 16)
         req, events = _submit(engine, ids, params, "prompt")
@@ -153,6 +160,7 @@ def create_app(engine: Engine, *, model_name: str | None = None, manage_engine: 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, http: HTTPRequest) -> Any:
         _check(body, name)
+        _generative(is_encoder, name)
         ids = _chat_prompt(lm, body)
         params = _params(body, body.limit())
         req, events = _submit(engine, ids, params, "messages")
@@ -172,6 +180,26 @@ def create_app(engine: Engine, *, model_name: str | None = None, manage_engine: 
         message = {"role": "assistant", "content": req.text}
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": req.finish_reason}
         return {"id": rid, "object": "chat.completion", "created": t, "model": name, "choices": [choice], "usage": usage()}
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, http: HTTPRequest) -> Any:
+        if body.model != name:
+            raise _no_such_model(body.model)
+        if not is_encoder:
+            raise APIError(400, f"The model `{name}` is a language model: it does not produce embeddings", param="model",
+                           code="model_not_supported")  # fmt: skip
+        if body.dimensions is not None and body.dimensions != engine.dimension:
+            raise APIError(400, f"dimensions={body.dimensions} is not supported: this model's embeddings have "
+                           f"{engine.dimension} dimensions and cannot be shortened", param="dimensions")  # fmt: skip
+        rows = _embedding_rows(engine, body.input)
+        job = await _embed(engine, rows, http)
+        if body.encoding_format == "base64":
+            values = [base64.b64encode(e.astype("<f4").tobytes()).decode("ascii") for e in job.embeddings]
+        else:
+            values = job.embeddings.tolist()
+        data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(values)]
+        tokens = job.prompt_tokens
+        return {"object": "list", "data": data, "model": name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
     return app
 
@@ -222,6 +250,60 @@ def _check(body: OpenAIRequest, name: str) -> None:
     bad = body.unsupported()
     if bad is not None:
         raise APIError(400, bad[1], param=bad[0])
+
+
+def _generative(is_encoder: bool, name: str) -> None:
+    if is_encoder:
+        raise APIError(400, f"The model `{name}` is a sentence encoder: it serves /v1/embeddings only", param="model",
+                       code="model_not_supported")  # fmt: skip
+
+
+def _embedding_rows(engine: EncoderEngine, given: Any) -> list[list[int]]:
+    """The token-id rows (``[CLS] ... [SEP]``) of an embeddings ``input``: texts are tokenized and
+    truncated at the model's max length, as sentence-transformers does; token ids (the text's,
+    without special tokens) get the special tokens and must fit."""
+    texts = [given] if isinstance(given, str) else given
+    if not texts:
+        raise APIError(400, "input is empty", param="input")
+    if isinstance(texts[0], int):
+        texts = [texts]
+    enc = engine.encoder
+    if isinstance(texts[0], str):
+        for i, t in enumerate(texts):
+            if t == "":
+                raise APIError(400, f"input[{i}] is an empty string" if len(texts) > 1 else "input is an empty string", param="input")
+        return enc.tokenize(texts)
+    cls_id, sep_id = enc.tokenizer.cls_id, enc.tokenizer.sep_id
+    rows = []
+    for i, ids in enumerate(texts):
+        if not ids:
+            raise APIError(400, f"input[{i}] has no tokens", param="input")
+        if len(ids) + 2 > engine.context:
+            raise APIError(400, f"input[{i}] has {len(ids)} tokens; this model's maximum is {engine.context - 2} tokens "
+                           "(plus [CLS] and [SEP])", param="input", code="context_length_exceeded")  # fmt: skip
+        rows.append([cls_id, *ids, sep_id])
+    return rows
+
+
+async def _embed(engine: EncoderEngine, rows: list[list[int]], http: HTTPRequest) -> EmbeddingJob:
+    """Submits ``rows`` and waits for the job (the request's timeout is the caller's)."""
+    loop = asyncio.get_running_loop()
+    finished = asyncio.Event()
+    try:
+        job = engine.submit(rows, on_done=lambda _: loop.call_soon_threadsafe(finished.set))
+    except QueueFull as e:
+        raise APIError(429, str(e), type="rate_limit_error", code="queue_full",
+                       headers={"Retry-After": str(max(1, round(e.retry_after)))}) from None  # fmt: skip
+    except ContextLengthExceeded as e:
+        raise APIError(400, str(e), param="input", code="context_length_exceeded") from None
+    except EngineStopped as e:
+        raise APIError(503, str(e), type="server_error", code="engine_stopped") from None
+    except ValueError as e:
+        raise APIError(400, str(e), param="input") from None
+    await finished.wait()
+    if job.error is not None:
+        raise APIError(500, job.error, type="server_error")
+    return job
 
 
 def _completion_prompt(lm: Any, body: CompletionRequest) -> list[int]:

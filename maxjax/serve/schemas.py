@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["CompletionRequest", "ChatCompletionRequest", "ChatMessage", "StreamOptions", "error_body"]
+__all__ = ["CompletionRequest", "ChatCompletionRequest", "ChatMessage", "EmbeddingRequest", "StreamOptions", "error_body"]
 
 
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -128,3 +128,17 @@ class ChatCompletionRequest(OpenAIRequest):
     def limit(self) -> int | None:
         """``max_completion_tokens``, else ``max_tokens`` (None: up to the context)."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class EmbeddingRequest(_Strict):
+    """``POST /v1/embeddings``: ``input`` is a string, a list of strings, a list of token ids
+    (one input) or a list of lists of token ids; token ids are the tokenizer's ids of the text
+    without special tokens (the server adds ``[CLS]``/``[SEP]``). ``encoding_format`` ``"float"``
+    (lists of numbers) or ``"base64"`` (little-endian float32 bytes). ``dimensions`` is refused
+    unless it is the model's own size (the model has no shortened embeddings)."""
+
+    model: str
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] | None = "float"
+    dimensions: int | None = None
+    user: str | None = None
