@@ -43,7 +43,7 @@ def server(tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("serve_embeddings") / "server.log"
     argv = [
-        sys.executable, "-m", "maxjax.serve.encoder_server", "--model", str(minilm_dir()), "--port", str(port),
+        sys.executable, "-m", "maxjax.cli", "serve", "--model", str(minilm_dir()), "--port", str(port),
         "--max-batch", "4", "--max-queue", "16", "--no-warmup", "--served-model-name", NAME, "--log-level", "warning",
     ]  # fmt: skip
     with open(log, "w") as out:

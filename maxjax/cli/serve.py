@@ -43,7 +43,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--model",
         metavar="PATH",
         help="a .gguf file, a Hugging Face model directory, or a repo id in the local Hugging Face cache "
-        "(default: the bundled SmolLM2-135M-Instruct Q4_1 GGUF)",
+        "(default: the bundled SmolLM2-135M-Instruct Q4_1 GGUF); or a sentence-transformers directory "
+        "(serves /v1/embeddings)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_positive(int, 0), default=8000, help="port to listen on (default 8000)")
@@ -80,10 +81,29 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from maxjax.models import load_model
+    from maxjax.models.encoders import is_encoder_dir
     from maxjax.serve import Engine, create_app
 
     def say(msg: str) -> None:
         print(f"maxjax serve: {msg}", file=sys.stderr, flush=True)
+
+    if args.model is not None and is_encoder_dir(args.model):
+        unused = [
+            flag for flag, value, default in (
+                ("--dtype", args.dtype, "float32"), ("--quantized-layout", args.quantized_layout, "auto"),
+                ("--max-context", args.max_context, None), ("--request-timeout", args.request_timeout, 600.0),
+            ) if value != default
+        ]  # fmt: skip
+        if unused:
+            say(f"error: {', '.join(unused)} apply to text generation, not to an encoder (embeddings) model")
+            return 2
+        from maxjax.serve.encoder_server import serve_encoder
+
+        return serve_encoder(
+            args.model, host=args.host, port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
+            served_model_name=args.served_model_name, warmup=args.warmup, shutdown_timeout=args.shutdown_timeout,
+            log_level=args.log_level,
+        )
 
     logger = logging.getLogger("maxjax.serve")
     if not logger.handlers:

@@ -8,13 +8,14 @@
   :attr:`maxjax.models.CausalLM.functions` and :mod:`maxjax.models.sampling`.
 """
 
+from maxjax.serve.encoder_engine import EncoderEngine
 from maxjax.serve.engine import ContextLengthExceeded, Engine, EngineStopped, QueueFull
 from maxjax.serve.metrics import Metrics
 from maxjax.serve.request import Event, Request, SamplingParams
 from maxjax.serve.steps import Buckets
 
 __all__ = [
-    "Buckets", "ContextLengthExceeded", "Engine", "EngineStopped", "Event", "Metrics", "QueueFull", "Request",
+    "Buckets", "ContextLengthExceeded", "EncoderEngine", "Engine", "EngineStopped", "Event", "Metrics", "QueueFull", "Request",
     "SamplingParams", "create_app",
 ]  # fmt: skip
 
