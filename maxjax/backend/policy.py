@@ -21,6 +21,10 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   repeating the KV heads (Hugging Face's ``repeat_kv``). ``"batched_decode"`` (CPU): only for one
   new token in each of several rows, where XLA:CPU's dots are fastest that way; ``"always"``
   (GPU, TPU): never materialise repeated keys and values.
+- ``encoder_rows``: most rows one compiled pass of an encoder (sentence embeddings) takes; a
+  larger batch runs as several passes of similar-length rows, each padded to its own length
+  bucket. CPU: 32 (256 rows in one pass cost 2.6x the CPU time of eight 32-row passes on
+  all-MiniLM-L6-v2, AVX2, ``benchmarks/embed.py``); GPU and TPU: 256.
 - ``xla_options``: compiler options for the programs maxjax itself jits (``CausalLM``'s steps,
   ``InferenceSession`` models), never for functions a user jits. CPU: XNNPACK off (its per-call
   cost exceeds small matmuls), and 512-bit vectors for float32 programs where the CPU has AVX-512.
@@ -62,6 +66,7 @@ class BackendPolicy:
         weight_left_max_rows: most rows of ``x`` for which ``x @ w.T`` runs weight-left (0: off).
         dequant_row_chunk: rows per block when a large quantized weight is multiplied (0: off).
         grouped_attention: ``"always"``, ``"batched_decode"`` or ``"never"``.
+        encoder_rows: most rows in one compiled encoder pass (at least 1).
         xla_options: XLA compiler options for maxjax's own jitted programs.
         wide_vector_options: further options for float32 programs only (the CPU's 512-bit vectors:
             with bfloat16 activations they moved SmolLM2's logits 0.875 from transformers' own
@@ -69,7 +74,7 @@ class BackendPolicy:
         cpu_features: the host CPU's feature flags the policy was chosen from.
 
     Raises:
-        ValueError: an unknown ``quantized_layout`` or ``grouped_attention``.
+        ValueError: an unknown ``quantized_layout`` or ``grouped_attention``, ``encoder_rows`` < 1.
     """
 
     platform: str
@@ -78,6 +83,7 @@ class BackendPolicy:
     weight_left_max_rows: int = 0
     dequant_row_chunk: int = 0
     grouped_attention: str = "always"
+    encoder_rows: int = 256
     xla_options: tuple[tuple[str, Any], ...] = ()
     wide_vector_options: tuple[tuple[str, Any], ...] = ()
     cpu_features: frozenset[str] = frozenset()
@@ -87,6 +93,8 @@ class BackendPolicy:
             raise ValueError(f"BackendPolicy.quantized_layout must be one of {_LAYOUTS}, got {self.quantized_layout!r}")
         if self.grouped_attention not in _GROUPED:
             raise ValueError(f"BackendPolicy.grouped_attention must be one of {_GROUPED}, got {self.grouped_attention!r}")
+        if self.encoder_rows < 1:
+            raise ValueError(f"BackendPolicy.encoder_rows must be at least 1, got {self.encoder_rows}")
 
     # -- compiling ---------------------------------------------------------------------------
     def compiler_options(self, dtype: Any = np.float32) -> dict[str, Any] | None:
@@ -155,6 +163,7 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
         weight_left_max_rows=16,
         dequant_row_chunk=4096,
         grouped_attention="batched_decode",
+        encoder_rows=32,
         xla_options=(("xla_cpu_use_xnnpack", False),),
         wide_vector_options=(("xla_cpu_prefer_vector_width", 512),) if avx512 else (),
         cpu_features=flags,

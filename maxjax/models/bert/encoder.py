@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from maxjax.backend import policy_for
 from maxjax.dtype import DType
 from maxjax.engine import Program
 from maxjax.graph import Graph, TensorType
@@ -102,6 +103,8 @@ class SentenceEncoder:
         self.program = Program(self.graph)
         self.state = self.program.prepare(module.state_dict())
         self.buckets = length_buckets(self.head.max_seq_length)
+        #: most rows in one compiled pass (the backend policy's ``encoder_rows``)
+        self.rows_per_pass = policy_for().encoder_rows
         self.num_compiles = 0
         program = self.program
 
@@ -150,8 +153,9 @@ class SentenceEncoder:
     def embed_ids(self, ids: Sequence[Sequence[int]], batch_size: int = 32, progress: Callable[[int], None] | None = None) -> np.ndarray:
         """Embeddings of token-id rows (each with its ``[CLS]``/``[SEP]``): float32 ``[n, hidden]``.
 
-        Rows are sorted by length, run ``batch_size`` at a time (each batch padded to a length
-        bucket, and to a power-of-two row count), and returned in the input order.
+        Rows are sorted by length and taken ``batch_size`` at a time; a batch runs as passes of at
+        most :attr:`rows_per_pass` rows (the backend policy's ``encoder_rows``), each padded to a
+        length bucket and a power-of-two row count; rows come back in the input order.
         ``progress(k)`` is called after each batch with its number of rows.
 
         Raises:
@@ -172,14 +176,19 @@ class SentenceEncoder:
                 raise ValueError(f"row {r} has a token id outside [0, {v})")
         order = np.argsort([-len(r) for r in ids], kind="stable")
         out = np.empty((len(ids), self.dimension), np.float32)
-        row_buckets = length_buckets(batch_size, 1, between=False)
+        rows = min(batch_size, self.rows_per_pass)
+        row_buckets = length_buckets(rows, 1, between=False)
         for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            input_ids, mask = self.pad([ids[i] for i in idx], _bucket(len(idx), row_buckets))
-            emb = np.asarray(self.apply(self.state, input_ids, mask))
-            out[idx] = emb[: len(idx)]
+            batch = order[start : start + batch_size]
+            passes = []  # dispatched together, read back after
+            for p in range(0, len(batch), rows):
+                idx = batch[p : p + rows]
+                input_ids, mask = self.pad([ids[i] for i in idx], _bucket(len(idx), row_buckets))
+                passes.append((idx, self.apply(self.state, input_ids, mask)))
+            for idx, emb in passes:
+                out[idx] = np.asarray(emb)[: len(idx)]
             if progress is not None:
-                progress(len(idx))
+                progress(len(batch))
         return out
 
     def embed(self, texts: Sequence[str], batch_size: int = 32, progress: Callable[[int], None] | None = None) -> np.ndarray:
