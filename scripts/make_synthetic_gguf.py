@@ -156,10 +156,11 @@ def llama3_rope_factors(s: dict) -> np.ndarray:
 class BlockPool:
     """Quantized blocks from ``gguf.quants.quantize`` of Gaussian values, one pool per std."""
 
-    def __init__(self, qtype, seed: int):
+    def __init__(self, qtype, seed: int, blocks: int = POOL_BLOCKS):
         import gguf
 
         self.qtype = qtype
+        self.blocks = max(64, blocks // 64 * 64)
         self.block, self.type_size = gguf.GGML_QUANT_SIZES[qtype]
         self.seed = seed
         self.pools: dict[float, np.ndarray] = {}
@@ -169,16 +170,16 @@ class BlockPool:
 
         if std not in self.pools:
             rng = np.random.default_rng([self.seed, int(std * 1e9)])
-            values = (rng.standard_normal((POOL_BLOCKS // 64, 64 * self.block), dtype=np.float32) * np.float32(std))
+            values = (rng.standard_normal((self.blocks // 64, 64 * self.block), dtype=np.float32) * np.float32(std))
             q = gguf.quants.quantize(values, self.qtype)  # uint8 [rows, 64 * type_size]
-            self.pools[std] = np.ascontiguousarray(q).reshape(POOL_BLOCKS, self.type_size)
+            self.pools[std] = np.ascontiguousarray(q).reshape(self.blocks, self.type_size)
         return self.pools[std]
 
     def tensor(self, shape: tuple[int, ...], std: float, rng: np.random.Generator) -> np.ndarray:
         """uint8 ``[rows, row_bytes]``: the tensor's blocks drawn from the pool."""
         rows, cols = math.prod(shape[:-1]), shape[-1]
         per_row = cols // self.block
-        idx = rng.integers(0, POOL_BLOCKS, size=rows * per_row, dtype=np.int32)
+        idx = rng.integers(0, self.blocks, size=rows * per_row, dtype=np.int32)
         return self.pool(std)[idx].reshape(rows, per_row * self.type_size)
 
 
@@ -193,20 +194,23 @@ def _gaussian(shape: tuple[int, ...], std: float, rng: np.random.Generator, dtyp
 
 
 def _value(kind: str, shape, std, s, qtype, pool, rng):
-    """``(array to write, raw GGML type or None)`` of one tensor."""
-    import gguf
-
+    """The array to write for one tensor (a pool's blocks for a quantized type)."""
     if kind == "norm":
-        return np.ones(shape, np.float32), None
+        return np.ones(shape, np.float32)
     if kind == "rope":
-        return llama3_rope_factors(s), None
+        return llama3_rope_factors(s)
     if qtype == "f16":
-        return _gaussian(shape, std, rng, np.float16), None
-    return pool.tensor(shape, std, rng), gguf.GGMLQuantizationType[qtype.upper()]
+        return _gaussian(shape, std, rng, np.float16)
+    return pool.tensor(shape, std, rng)
 
 
-def write_gguf(shape: str, qtype: str, out: Path, *, seed: int = 0, rope_freqs: bool = False, verbose: bool = True) -> Path:
-    """Writes the synthetic GGUF of ``shape``/``qtype`` to ``out`` (atomically: ``out.tmp`` renamed)."""
+def write_gguf(shape: str, qtype: str, out: Path, *, seed: int = 0, rope_freqs: bool = False, verbose: bool = True,
+               types: dict[str, str] | None = None) -> Path:  # fmt: skip
+    """Writes the synthetic GGUF of ``shape``/``qtype`` to ``out`` (atomically: ``out.tmp`` renamed).
+
+    ``types`` gives some tensors another type (``{"blk.1.ffn_up.weight": "mxfp4"}``; tests use it
+    for a type maxjax does not load), quantized by ``gguf.quants.quantize`` too.
+    """
     import gguf
 
     if qtype == "q4_k":
@@ -233,23 +237,40 @@ def write_gguf(shape: str, qtype: str, out: Path, *, seed: int = 0, rope_freqs: 
     w.add_vocab_size(s["vocab"])
     file_type = {"q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "f16": gguf.LlamaFileType.MOSTLY_F16}[qtype]
     w.add_file_type(int(file_type))
-    for k, (value, types) in tokenizer_fields(s["vocab"]).items():
+    for k, (value, vtypes) in tokenizer_fields(s["vocab"]).items():
         if k == "general.quantization_version":
             continue
-        vtype = types[0]
-        sub = types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        vtype = vtypes[0]
+        sub = vtypes[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(k, value, vtype, sub_type=sub)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
-    pool = None if qtype == "f16" else BlockPool(gguf.GGMLQuantizationType[qtype.upper()], seed)
+    types = {k: v.lower() for k, v in (types or {}).items()}
+    unknown = sorted(set(types) - {p[0] for p in plan})
+    if unknown:
+        raise SystemExit(f"types names tensors the {shape} model does not have: {unknown}")
+    largest = max(math.prod(p[1]) for p in plan)
+    pools: dict[str, BlockPool] = {}
+
+    def type_of(name: str) -> str:
+        return types.get(name, qtype)
+
+    def pool_of(t: str) -> BlockPool | None:
+        if t == "f16":
+            return None
+        if t not in pools:
+            raw = gguf.GGMLQuantizationType[t.upper()]
+            pools[t] = BlockPool(raw, seed, min(POOL_BLOCKS, largest // gguf.GGML_QUANT_SIZES[raw][0]))
+        return pools[t]
+
     # header first: each tensor's shape, type and size
     for name, shp, kind, _ in plan:
         if kind in ("norm", "rope"):
             w.add_tensor_info(name, shp, np.dtype(np.float32), math.prod(shp) * 4)
-        elif qtype == "f16":
+        elif type_of(name) == "f16":
             w.add_tensor_info(name, shp, np.dtype(np.float16), math.prod(shp) * 2)
         else:
-            raw = gguf.GGMLQuantizationType[qtype.upper()]
+            raw = gguf.GGMLQuantizationType[type_of(name).upper()]
             block, size = gguf.GGML_QUANT_SIZES[raw]
             byte_shape = (*shp[:-1], shp[-1] // block * size)
             w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), math.prod(byte_shape), raw_dtype=raw)
@@ -259,7 +280,7 @@ def write_gguf(shape: str, qtype: str, out: Path, *, seed: int = 0, rope_freqs: 
     t0 = time.time()
     for i, (name, shp, kind, std) in enumerate(plan):
         rng = np.random.default_rng([seed, i])
-        value, _ = _value(kind, shp, std, s, qtype, pool, rng)
+        value = _value(kind, shp, std, s, type_of(name), pool_of(type_of(name)) if kind == "matrix" else None, rng)
         w.write_tensor_data(value)
         if verbose and (name.endswith("ffn_down.weight") or i == 0):
             print(f"  {name} ({time.time() - t0:.1f} s)", file=sys.stderr)
