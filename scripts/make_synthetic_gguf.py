@@ -36,6 +36,7 @@ the same padded tokenizer).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -82,8 +83,9 @@ def default_path(shape: str, qtype: str, fmt: str = "gguf", cache: Path = DEFAUL
 # -- the tokenizer ---------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=2)
 def tokenizer_fields(vocab: int) -> dict:
-    """SmolLM2's tokenizer metadata with its token list padded to ``vocab`` tokens."""
+    """SmolLM2's tokenizer metadata with its token list padded to ``vocab`` tokens (cached: read only)."""
     import gguf
 
     r = gguf.GGUFReader(str(smollm2_gguf()))
