@@ -367,7 +367,7 @@ def worker_stack(kind: str, method: str, arg: str) -> dict:
         layers = [rng.standard_normal((side, side), dtype=np.float32) for _ in range(n)]
         rss0 = _status("VmRSS")
         _reset_peak()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = [_old_place(layers) if method == "np.stack" else place_layers(layers, None, stacked=True)]
         nbytes = sum(a.nbytes for a in layers)
     else:  # the whole path from the file: open, read every block tensor, stack (packed)
@@ -377,7 +377,7 @@ def worker_stack(kind: str, method: str, arg: str) -> dict:
         w = GGUFWeights(arg, lazy=method != "np.stack")  # the old path copied each tensor at load
         rss0 = _status("VmRSS")  # the header (and the tokenizer's metadata) parsed: not timed
         _reset_peak()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         names = [k for k in w._store.tensors if k.startswith("blk.")]
         roles = sorted({k.split(".", 2)[2].removesuffix(".weight") for k in names})
         n = 1 + max(int(k.split(".")[1]) for k in names)
@@ -392,8 +392,10 @@ def worker_stack(kind: str, method: str, arg: str) -> dict:
             else:
                 out.append(place_layers(wds, None, stacked=True, encoding=enc, quantized_layout=lay))
     jax.block_until_ready(out)
-    dt = time.perf_counter() - t0
-    return dict(kind=kind, method=method, bytes=nbytes, seconds=dt, gb_per_s=nbytes / dt / 1e9,
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    # cpu_s: CPU time of the process (all threads); on a shared machine wall time mostly measures waiting
+    return dict(kind=kind, method=method, bytes=nbytes, seconds=dt, gb_per_s=nbytes / dt / 1e9, cpu_s=cpu,
+                gb_per_cpu_s=nbytes / cpu / 1e9,
                 peak_rss_growth=_status("VmHWM") - rss0)  # fmt: skip
 
 
@@ -405,6 +407,7 @@ def bench_stack(gguf_path: str | None, registry_mb: int) -> list[dict]:
             r = run_worker("stack", kind, method, arg)
             rows.append(r)
             print(f"stack {kind:8s} {method:10s} {r['bytes'] / 1e6:8.0f} MB  {r['seconds']:6.3f} s  {r['gb_per_s']:5.2f} GB/s  "
+                  f"CPU {r['cpu_s']:6.3f} s  {r['gb_per_cpu_s']:5.2f} GB per CPU-s  "
                   f"peak RSS growth {r['peak_rss_growth'] / 1e6:6.0f} MB")  # fmt: skip
     return rows
 

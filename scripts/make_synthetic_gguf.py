@@ -30,7 +30,8 @@ is written only with ``--rope-freqs``; without it the file runs plain rope at th
 
 Safetensors (``--format safetensors``): a Hugging Face directory (``config.json``,
 ``model.safetensors`` in bfloat16 written tensor by tensor, ``tokenizer.json`` and its config from
-the same padded tokenizer).
+the same padded tokenizer). maxjax's llama refuses bfloat16 safetensors for now
+(``maxjax/models/llama/checks.py``); ``--dtype float32`` writes a file it loads.
 """
 
 from __future__ import annotations
@@ -73,10 +74,10 @@ def smollm2_gguf() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def default_path(shape: str, qtype: str, fmt: str = "gguf", cache: Path = DEFAULT_CACHE) -> Path:
-    """Where the file (or, for safetensors, the directory) of ``shape``/``qtype`` is cached."""
+def default_path(shape: str, qtype: str, fmt: str = "gguf", cache: Path = DEFAULT_CACHE, dtype: str = "bfloat16") -> Path:
+    """Where the file (or, for safetensors, the directory of ``dtype``) of ``shape``/``qtype`` is cached."""
     if fmt == "safetensors":
-        return Path(cache) / f"synthetic-{shape}-bf16"
+        return Path(cache) / f"synthetic-{shape}-{'bf16' if dtype == 'bfloat16' else 'f32'}"
     return Path(cache) / f"synthetic-{shape}-{qtype}.gguf"
 
 
@@ -310,10 +311,16 @@ def _hf_name(gguf_name: str) -> str:
     return f"model.layers.{i}.{_HF[role]}.weight"
 
 
-def write_safetensors(shape: str, out: Path, *, seed: int = 0, verbose: bool = True) -> Path:
-    """Writes a Hugging Face directory (bfloat16 ``model.safetensors``, ``config.json``, tokenizer)."""
+def write_safetensors(shape: str, out: Path, *, seed: int = 0, verbose: bool = True, dtype: str = "bfloat16") -> Path:
+    """Writes a Hugging Face directory (``model.safetensors`` in ``dtype``, ``config.json``, tokenizer).
+
+    ``dtype``: ``"bfloat16"`` (as the models are published) or ``"float32"`` (maxjax's llama
+    loads float32 safetensors only, for now).
+    """
     import ml_dtypes
 
+    np_dtype, st_dtype = {"bfloat16": (ml_dtypes.bfloat16, "BF16"), "float32": (np.float32, "F32")}[dtype]
+    item = np.dtype(np_dtype).itemsize
     s = SHAPES[shape]
     plan = [p for p in tensor_plan(s) if p[2] != "rope"]
     out = Path(out)
@@ -321,8 +328,8 @@ def write_safetensors(shape: str, out: Path, *, seed: int = 0, verbose: bool = T
     header: dict = {"__metadata__": {"format": "pt"}}
     at = 0
     for name, shp, _, _ in plan:
-        n = math.prod(shp) * 2
-        header[_hf_name(name)] = {"dtype": "BF16", "shape": list(shp), "data_offsets": [at, at + n]}
+        n = math.prod(shp) * item
+        header[_hf_name(name)] = {"dtype": st_dtype, "shape": list(shp), "data_offsets": [at, at + n]}
         at += n
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-(8 + len(text)) % 64)  # the data starts 64-byte aligned
@@ -332,7 +339,7 @@ def write_safetensors(shape: str, out: Path, *, seed: int = 0, verbose: bool = T
         f.write(text)
         for i, (name, shp, kind, std) in enumerate(plan):
             rng = np.random.default_rng([seed, i])
-            value = np.ones(shp, ml_dtypes.bfloat16) if kind == "norm" else _gaussian(shp, std, rng, ml_dtypes.bfloat16)
+            value = np.ones(shp, np_dtype) if kind == "norm" else _gaussian(shp, std, rng, np_dtype)
             value.tofile(f)
     os.replace(tmp, out / "model.safetensors")
     config = {
@@ -341,7 +348,7 @@ def write_safetensors(shape: str, out: Path, *, seed: int = 0, verbose: bool = T
         "num_key_value_heads": s["kv_heads"], "head_dim": s["hidden"] // s["heads"], "vocab_size": s["vocab"],
         "rope_theta": s["theta"], "rms_norm_eps": RMS_EPS, "max_position_embeddings": s["context"],
         "tie_word_embeddings": s["tied"], "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
-        "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
+        "torch_dtype": dtype, "bos_token_id": 1, "eos_token_id": 2,
     }  # fmt: skip
     (out / "config.json").write_text(json.dumps(config, indent=2))
     # the tokenizer: the padded GGUF tokenizer written as tokenizer.json (via a tiny GGUF of it)
@@ -390,18 +397,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--format", choices=("gguf", "safetensors"), default="gguf", help="safetensors: a bfloat16 Hugging Face directory")
     ap.add_argument("--out", type=Path, help="the file (gguf) or directory (safetensors); default: in --cache")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"cache directory (default {DEFAULT_CACHE}; $MAXJAX_SYNTHETIC_DIR)")
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                    help="safetensors dtype (maxjax's llama loads float32 safetensors only, for now)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rope-freqs", action="store_true", help="write Llama 3's rope_freqs.weight (maxjax refuses it for now)")
     ap.add_argument("--force", action="store_true", help="write even if the file exists")
     a = ap.parse_args(argv)
-    out = a.out or default_path(a.shape, a.type, a.format, a.cache)
+    out = a.out or default_path(a.shape, a.type, a.format, a.cache, a.dtype)
     done = out / "model.safetensors" if a.format == "safetensors" else out
     if done.exists() and not a.force:
         print(out)
         return 0
     t0 = time.time()
     if a.format == "safetensors":
-        write_safetensors(a.shape, out, seed=a.seed)
+        write_safetensors(a.shape, out, seed=a.seed, dtype=a.dtype)
     else:
         write_gguf(a.shape, a.type, out, seed=a.seed, rope_freqs=a.rope_freqs)
     print(f"wrote {out} in {time.time() - t0:.1f} s", file=sys.stderr)
