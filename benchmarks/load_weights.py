@@ -16,9 +16,18 @@
    random blocks with finite scales for the k-quants (the gguf package cannot quantize those);
    about 10 MB of output per call.
 
-Prints the tables; saves ``benchmarks/results/load_weights.png`` and ``load_weights.json``.
+0. Stacking layers (issue 23), each in a fresh process: a 64-block float32 registry in memory
+   (537 MB), and every block tensor of a GGUF (``--gguf``, e.g. the synthetic Llama-3.2-1B Q4_0
+   from ``scripts/make_synthetic_gguf.py``) from the file, packed: the old way (each tensor
+   copied at load, ``np.stack``, ``device_put``/``jnp.asarray``, which copies NumPy's 16-byte
+   aligned buffer again) against ``maxjax.engine.placement.place_layers`` (one preallocated,
+   64-byte aligned stack filled layer by layer straight from the map, adopted by ``device_put``).
+   Wall and CPU time (on a shared machine wall time is mostly waiting) and peak RSS growth.
 
-    python benchmarks/load_weights.py [--quick]
+Prints the tables; saves ``benchmarks/results/load_weights.png`` and ``load_weights.json``
+(``load_stack.json`` with ``--stack-only``).
+
+    python benchmarks/load_weights.py [--quick] [--gguf FILE] [--stack-only]
 """
 
 from __future__ import annotations

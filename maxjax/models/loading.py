@@ -104,7 +104,7 @@ def memory_plan(
     quantized_layout: str | None = None,
     policy: Any = None,
     kv_tokens: int = KV_CHECK_TOKENS,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """The memory a model will take, from headers alone (no tensor data is read).
 
     For a GGUF file: its header (tensor types and shapes, the model's metadata); for a Hugging
@@ -116,7 +116,9 @@ def memory_plan(
     Returns:
         ``{"file": bytes of the files, "weights": bytes of the weights in their run-time layout,
         "kv_cache": bytes of a batch-1 key and value cache of ``kv_tokens`` tokens in ``dtype``,
-        "total": weights + kv_cache, "layout": the quantized layout counted, "kv_tokens"}``.
+        "total": weights + kv_cache, "layout": the quantized layout counted, "kv_tokens"}``; None
+        for a directory whose ``config.json`` or safetensors headers cannot be read (the loader's
+        checks then name the fault). GGUF metadata that cannot be read counts no KV cache.
 
     Raises:
         ValueError: a GGUF tensor of a type maxjax cannot load (naming the tensor and its type),
@@ -135,19 +137,22 @@ def memory_plan(
         import json
         import struct
 
-        cfg = json.loads((path / "config.json").read_text())
-        files = sorted(path.glob("*.safetensors"))
-        weights = 0
-        for f in files:
-            with open(f, "rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                header = json.loads(fh.read(n))
-            for name, info in header.items():
-                if name != "__metadata__":
-                    weights += math.prod(info["shape"]) * item
-        layers, kv = int(cfg["num_hidden_layers"]), int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
-        head = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
-        file_bytes = sum(os.path.getsize(f) for f in files)
+        try:
+            cfg = json.loads((path / "config.json").read_text())
+            files = sorted(path.glob("*.safetensors"))
+            weights = 0
+            for f in files:
+                with open(f, "rb") as fh:
+                    (n,) = struct.unpack("<Q", fh.read(8))
+                    header = json.loads(fh.read(min(n, 100 << 20)))
+                for name, info in header.items():
+                    if name != "__metadata__":
+                        weights += math.prod(int(d) for d in info["shape"]) * item
+            layers, kv = int(cfg["num_hidden_layers"]), int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+            head = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
+            file_bytes = sum(os.path.getsize(f) for f in files)
+        except Exception:  # a broken config or header: the loader's own checks say what is wrong
+            return None
     else:
         from maxjax.graph.weights.gguf import GGUF_PLAIN_DTYPES, open_gguf
 
@@ -162,11 +167,14 @@ def memory_plan(
             f = meta.get(key)
             return default if f is None else f.contents()
 
-        arch = value("general.architecture", "llama")
-        layers = int(value(f"{arch}.block_count", 0))
-        heads = int(value(f"{arch}.attention.head_count", 1))
-        kv = int(value(f"{arch}.attention.head_count_kv", heads))
-        head = int(value(f"{arch}.attention.key_length", 0) or int(value(f"{arch}.embedding_length", 0)) // max(1, heads))
+        try:
+            arch = value("general.architecture", "llama")
+            layers = int(value(f"{arch}.block_count", 0))
+            heads = int(value(f"{arch}.attention.head_count", 1))
+            kv = int(value(f"{arch}.attention.head_count_kv", heads))
+            head = int(value(f"{arch}.attention.key_length", 0) or int(value(f"{arch}.embedding_length", 0)) // max(1, heads))
+        except Exception:  # metadata the config's checks refuse (with their message): no KV cache counted
+            layers = kv = head = 0
         file_bytes = os.path.getsize(path)
     kv_bytes = 2 * layers * kv * head * int(kv_tokens) * item
     return {"file": file_bytes, "weights": weights, "kv_cache": kv_bytes, "total": weights + kv_bytes, "layout": layout,
@@ -206,7 +214,7 @@ def _gguf_runtime_bytes(source: str, t: Any, layout: str, plain: dict) -> int:
     return _RUNTIME_BYTES[key]
 
 
-def check_memory_plan(plan: dict[str, Any], source: str) -> None:
+def check_memory_plan(plan: dict[str, Any] | None, source: str) -> None:
     """Refuses a model whose :func:`memory_plan` total exceeds :func:`available_memory`.
 
     Raises:
@@ -214,7 +222,7 @@ def check_memory_plan(plan: dict[str, Any], source: str) -> None:
             cache's bytes and the memory available (and where that number comes from).
     """
     avail = available_memory()
-    if avail is None:
+    if avail is None or plan is None:
         return
     have, where = avail
     if plan["total"] > have:
