@@ -138,18 +138,20 @@ def memory_plan(
         import struct
 
         try:
-            cfg = json.loads((path / "config.json").read_text())
             files = sorted(path.glob("*.safetensors"))
-            weights = 0
+            weights, blocks, head = 0, set(), 0
             for f in files:
                 with open(f, "rb") as fh:
                     (n,) = struct.unpack("<Q", fh.read(8))
                     header = json.loads(fh.read(min(n, 100 << 20)))
                 for name, info in header.items():
-                    if name != "__metadata__":
-                        weights += math.prod(int(d) for d in info["shape"]) * item
-            layers, kv = int(cfg["num_hidden_layers"]), int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
-            head = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
+                    if name == "__metadata__":
+                        continue
+                    weights += math.prod(int(d) for d in info["shape"]) * item
+                    if name.endswith(".self_attn.k_proj.weight"):  # the KV cache from the tensors (config.json is checked later)
+                        blocks.add(name)
+                        head = int(info["shape"][0])
+            layers, kv = len(blocks), 1
             file_bytes = sum(os.path.getsize(f) for f in files)
         except Exception:  # a broken config or header: the loader's own checks say what is wrong
             return None
@@ -161,20 +163,11 @@ def memory_plan(
         for t in reader.tensors:
             nbytes = _gguf_runtime_bytes(str(path), t, layout, GGUF_PLAIN_DTYPES)
             weights += nbytes
-        meta = {k: f for k, f in reader.fields.items()}
-
-        def value(key: str, default: Any = None) -> Any:
-            f = meta.get(key)
-            return default if f is None else f.contents()
-
-        try:
-            arch = value("general.architecture", "llama")
-            layers = int(value(f"{arch}.block_count", 0))
-            heads = int(value(f"{arch}.attention.head_count", 1))
-            kv = int(value(f"{arch}.attention.head_count_kv", heads))
-            head = int(value(f"{arch}.attention.key_length", 0) or int(value(f"{arch}.embedding_length", 0)) // max(1, heads))
-        except Exception:  # metadata the config's checks refuse (with their message): no KV cache counted
-            layers = kv = head = 0
+        # the KV cache from the tensors themselves (metadata is checked later and may lie): one
+        # key and one value row of attn_k's rows (KV heads x head size) per block present
+        blocks = {t.name.split(".")[1] for t in reader.tensors if t.name.startswith("blk.") and t.name.endswith(".attn_k.weight")}
+        k_rows = [int(t.shape.tolist()[-1]) for t in reader.tensors if t.name == "blk.0.attn_k.weight"]
+        layers, kv, head = len(blocks), 1, (k_rows[0] if k_rows else 0)
         file_bytes = os.path.getsize(path)
     kv_bytes = 2 * layers * kv * head * int(kv_tokens) * item
     return {"file": file_bytes, "weights": weights, "kv_cache": kv_bytes, "total": weights + kv_bytes, "layout": layout,
