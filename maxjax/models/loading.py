@@ -174,7 +174,7 @@ def memory_plan(
             "kv_tokens": int(kv_tokens)}  # fmt: skip
 
 
-_RUNTIME_BYTES: dict[tuple[Any, ...], int] = {}
+_RUNTIME_BYTES: dict[tuple[Any, ...], int] = {}  # (encoding, layout) -> bytes of 512 values
 
 
 def _gguf_runtime_bytes(source: str, t: Any, layout: str, plain: dict) -> int:
@@ -198,16 +198,16 @@ def _gguf_runtime_bytes(source: str, t: Any, layout: str, plain: dict) -> int:
             f"{source}: tensor {t.name!r} uses GGML type {t.tensor_type.name}, which maxjax cannot load "
             f"(supported: {', '.join(supported)}); nothing was loaded"
         ) from None
-    rows = math.prod(logical[:-1]) if len(logical) > 1 else 1
-    packed = tuple(int(d) for d in enc.packed_shape((rows, logical[-1])))
-    key = (enc, packed, layout)
-    if key not in _RUNTIME_BYTES:
+    numel = math.prod(logical)
+    key = (enc, layout)
+    if key not in _RUNTIME_BYTES:  # bytes per value of the layout (values and per-block scales): from one small block
+        sample = tuple(int(d) for d in enc.packed_shape((2, 256)))
         try:
-            value = jax.eval_shape(lambda p: to_layout(layout, enc, p), jax.ShapeDtypeStruct(packed, np.uint8))
+            value = jax.eval_shape(lambda p: to_layout(layout, enc, p), jax.ShapeDtypeStruct(sample, np.uint8))
             _RUNTIME_BYTES[key] = sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(value))
-        except Exception:  # a shape the layout cannot take: the loader's checks name it; count the file's bytes
-            return math.prod(packed)
-    return _RUNTIME_BYTES[key]
+        except Exception:  # a layout that cannot take this encoding: count the file's bytes
+            _RUNTIME_BYTES[key] = math.prod(sample)
+    return -(-numel * _RUNTIME_BYTES[key] // 512)
 
 
 def check_memory_plan(plan: dict[str, Any] | None, source: str) -> None:
