@@ -5,8 +5,9 @@ For each model (the bundled SmolLM2-135M Q4_1, and the synthetic Llama-3.2-1B, a
 its cache) and each engine, in a fresh process with the file in the page cache:
 
 - load time (to a model ready to run; maxjax: ``load_model``, llama.cpp: ``Llama(...)``, mmap on);
-- resident memory after load and peak after a 128-token prompt and 64 greedy decode steps;
-- maxjax's compile time (first prefill and first decode step) and warm time to first token;
+- resident memory after load and peak after a 128-token prompt and 64 (``--steps``) greedy
+  decode steps;
+- maxjax's compile time (a first 4-token generation: prefill and decode) and warm time to first token;
   llama.cpp's time to first token (warm);
 - batch-1 decode tokens/s, beside the bound: bytes of weights read per token (the file's tensor
   bytes; the token embedding counts only when it is also the output head) over the single-thread
@@ -60,9 +61,10 @@ def worker_maxjax(req: dict) -> dict:
     out = {"engine": "maxjax", "load_s": time.perf_counter() - t0, "rss_after_load": _status("VmRSS")}
     ids = lm.tokenizer.encode(PROMPT)[:128]
     text = lm.tokenizer.decode(ids)
-    (g,) = lm.generate([text], max_new_tokens=STEPS, stop_at_eos=False)  # compiles prefill and decode
+    steps = req.get("steps", STEPS)
+    (g,) = lm.generate([text], max_new_tokens=4, stop_at_eos=False)  # compiles prefill and decode
     out["compile_s"] = g.compile_seconds
-    (g,) = lm.generate([text], max_new_tokens=STEPS, stop_at_eos=False)  # warm
+    (g,) = lm.generate([text], max_new_tokens=steps, stop_at_eos=False)  # warm
     out["prompt_ids"] = [int(i) for i in g.prompt_ids]
     out["ttft_s"] = g.time_to_first_token
     out["decode_tok_s"] = (len(g.token_ids) - 1) / g.decode_seconds
@@ -99,11 +101,12 @@ def worker_llama(req: dict) -> dict:
     out["ttft_s"] = time.perf_counter() - t0
     gen = [tok]
     t0 = time.perf_counter()
-    for _ in range(STEPS - 1):
+    steps = req.get("steps", STEPS)
+    for _ in range(steps - 1):
         llm.eval([tok])
         tok = argmax_last()
         gen.append(tok)
-    out["decode_tok_s"] = (STEPS - 1) / (time.perf_counter() - t0)
+    out["decode_tok_s"] = (steps - 1) / (time.perf_counter() - t0)
     out["peak_rss"] = _status("VmHWM")
     out["tokens"] = gen[:8]
     return out
@@ -154,6 +157,8 @@ def main() -> None:
     ap.add_argument("--types", default="q4_0,q8_0")
     ap.add_argument("--llama-python", default="/work/llamavenv/bin/python", help="a Python with llama_cpp")
     ap.add_argument("--timeout", type=int, default=3600)
+    ap.add_argument("--steps", type=int, default=STEPS, help="decode steps timed (default 64)")
+    ap.add_argument("--smollm2", action=argparse.BooleanOptionalAction, default=True, help="include SmolLM2-135M")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -167,7 +172,7 @@ def main() -> None:
     from maxjax._bundled import smollm2_gguf_path
     from maxjax.backend.cpu import cpu_vector_features
 
-    models = [("SmolLM2-135M", "q4_1", str(smollm2_gguf_path()))]
+    models = [("SmolLM2-135M", "q4_1", str(smollm2_gguf_path()))] if a.smollm2 else []
     for size in [s for s in a.sizes.split(",") if s]:
         for qtype in a.types.split(","):
             models.append((f"synthetic {SHAPE[size]}", qtype, str(synth.ensure(SHAPE[size], qtype))))
@@ -181,9 +186,9 @@ def main() -> None:
         size = os.path.getsize(path)
         bpt = bytes_per_token(path)
         row = {"model": name, "type": qtype, "file_bytes": size, "bytes_per_token": bpt, "bound_tok_s_1thread": bw * 1e9 / bpt}
-        row["maxjax"] = mj = run([sys.executable], {"engine": "maxjax", "model": path}, a.timeout)
+        row["maxjax"] = mj = run([sys.executable], {"engine": "maxjax", "model": path, "steps": a.steps}, a.timeout)
         if have_llama and "prompt_ids" in mj:
-            row["llama.cpp"] = run([a.llama_python], {"engine": "llama", "model": path, "prompt_ids": mj["prompt_ids"]}, a.timeout)
+            row["llama.cpp"] = run([a.llama_python], {"engine": "llama", "model": path, "prompt_ids": mj["prompt_ids"], "steps": a.steps}, a.timeout)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k not in ("maxjax", "llama.cpp")}))
         for eng in ("maxjax", "llama.cpp"):
@@ -203,7 +208,7 @@ def main() -> None:
             print("  maxjax/llama.cpp: " + ", ".join(f"{k} {v:.2f}x" for k, v in row["ratios"].items()))
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = {"machine": platform.platform(), "cpu_vector_features": features, "cores": len(os.sched_getaffinity(0)),
-           "read_bandwidth_1thread_gb_s": bw, "steps": STEPS, "rows": rows,
+           "read_bandwidth_1thread_gb_s": bw, "steps": a.steps, "rows": rows,
            "load_average": os.getloadavg()}  # fmt: skip
     (RESULTS / "scale.json").write_text(json.dumps(out, indent=1, default=str))
     plot(rows, features, RESULTS / "scale.png")
