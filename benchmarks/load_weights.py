@@ -16,9 +16,18 @@
    random blocks with finite scales for the k-quants (the gguf package cannot quantize those);
    about 10 MB of output per call.
 
-Prints the tables; saves ``benchmarks/results/load_weights.png`` and ``load_weights.json``.
+0. Stacking layers (issue 23), each in a fresh process: a 64-block float32 registry in memory
+   (537 MB), and every block tensor of a GGUF (``--gguf``, e.g. the synthetic Llama-3.2-1B Q4_0
+   from ``scripts/make_synthetic_gguf.py``) from the file, packed: the old way (each tensor
+   copied at load, ``np.stack``, ``device_put``/``jnp.asarray``, which copies NumPy's 16-byte
+   aligned buffer again) against ``maxjax.engine.placement.place_layers`` (one preallocated,
+   64-byte aligned stack filled layer by layer straight from the map, adopted by ``device_put``).
+   Wall and CPU time (on a shared machine wall time is mostly waiting) and peak RSS growth.
 
-    python benchmarks/load_weights.py [--quick]
+Prints the tables; saves ``benchmarks/results/load_weights.png`` and ``load_weights.json``
+(``load_stack.json`` with ``--stack-only``).
+
+    python benchmarks/load_weights.py [--quick] [--gguf FILE] [--stack-only]
 """
 
 from __future__ import annotations
@@ -330,19 +339,110 @@ def plot(st_rows: list[dict], gguf_row: dict, deq_rows: list[dict], path: pathli
     fig.savefig(path, dpi=110)
 
 
+# -- stacking layers (issue 23): np.stack + device_put against one preallocated stack -------------
+
+
+def _old_place(values: list, encoding=None, layout=None):
+    """What ``Program._place`` did for a stacked weight: ``np.stack`` of host copies, then
+    ``device_put`` (a copy: NumPy's buffer is 16-byte aligned) or ``jnp.asarray`` + ``to_layout``."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from maxjax.driver import to_host_array, to_jax_array
+    from maxjax.graph.quantization import to_layout
+
+    value = np.stack([to_host_array(v) for v in values])
+    if encoding is not None:
+        return jax.device_put(to_layout(layout, encoding, jnp.asarray(value)))
+    return to_jax_array(value)
+
+
+def worker_stack(kind: str, method: str, arg: str) -> dict:
+    """One stacking measurement in a fresh process: ``kind`` "registry" (a 64-block float32 MLP
+    registry of ``arg`` MB in memory) or "gguf" (every block tensor of the GGUF file ``arg``,
+    read through LazyTensors, in the layout ``packed``)."""
+    import jax
+    import numpy as np
+
+    from maxjax.engine.placement import place_layers
+
+    jax.devices()
+    rss0 = _status("VmRSS")
+    if kind == "registry":
+        n, per = 64, int(arg) * (1 << 20) // 64 // 4
+        side = int(per**0.5)
+        rng = np.random.default_rng(0)
+        layers = [rng.standard_normal((side, side), dtype=np.float32) for _ in range(n)]
+        rss0 = _status("VmRSS")
+        _reset_peak()
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = [_old_place(layers) if method == "np.stack" else place_layers(layers, None, stacked=True)]
+        nbytes = sum(a.nbytes for a in layers)
+    else:  # the whole path from the file: open, read every block tensor, stack (packed)
+        from maxjax.graph.weights import GGUFWeights
+
+        _warm_page_cache(arg)
+        w = GGUFWeights(arg, lazy=method != "np.stack")  # the old path copied each tensor at load
+        rss0 = _status("VmRSS")  # the header (and the tokenizer's metadata) parsed: not timed
+        _reset_peak()
+        t0, c0 = time.perf_counter(), time.process_time()
+        names = [k for k in w._store.tensors if k.startswith("blk.")]
+        roles = sorted({k.split(".", 2)[2].removesuffix(".weight") for k in names})
+        n = 1 + max(int(k.split(".")[1]) for k in names)
+        out, nbytes = [], 0
+        for role in roles:
+            wds = [w[f"blk.{i}.{role}.weight"].data() for i in range(n)]
+            enc = wds[0].quantization_encoding
+            lay = "packed" if enc is not None else None
+            nbytes += sum(int(np.prod(d.shape)) * np.dtype(d.dtype.to_numpy()).itemsize for d in wds)
+            if method == "np.stack":
+                out.append(_old_place([d.data for d in wds], enc, lay))
+            else:
+                out.append(place_layers(wds, None, stacked=True, encoding=enc, quantized_layout=lay))
+    jax.block_until_ready(out)
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    # cpu_s: CPU time of the process (all threads); on a shared machine wall time mostly measures waiting
+    return dict(kind=kind, method=method, bytes=nbytes, seconds=dt, gb_per_s=nbytes / dt / 1e9, cpu_s=cpu,
+                gb_per_cpu_s=nbytes / cpu / 1e9,
+                peak_rss_growth=_status("VmHWM") - rss0)  # fmt: skip
+
+
+def bench_stack(gguf_path: str | None, registry_mb: int) -> list[dict]:
+    rows = []
+    cases = [("registry", str(registry_mb))] + ([("gguf", gguf_path)] if gguf_path else [])
+    for kind, arg in cases:
+        for method in ("np.stack", "host_stack"):
+            r = run_worker("stack", kind, method, arg)
+            rows.append(r)
+            print(f"stack {kind:8s} {method:10s} {r['bytes'] / 1e6:8.0f} MB  {r['seconds']:6.3f} s  {r['gb_per_s']:5.2f} GB/s  "
+                  f"CPU {r['cpu_s']:6.3f} s  {r['gb_per_cpu_s']:5.2f} GB per CPU-s  "
+                  f"peak RSS growth {r['peak_rss_growth'] / 1e6:6.0f} MB")  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller files and fewer repetitions")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--stack-only", action="store_true", help="only the layer-stacking comparison")
+    parser.add_argument("--gguf", help="a GGUF for the stacking comparison (e.g. a synthetic 1B)")
     args = parser.parse_args()
     if args.worker:
         kind, *rest = args.worker
-        result = worker_safetensors(*rest) if kind == "safetensors" else worker_gguf(*rest)
+        if kind == "stack":
+            result = worker_stack(*rest)
+        else:
+            result = worker_safetensors(*rest) if kind == "safetensors" else worker_gguf(*rest)
         print(json.dumps(result))
         return
     from maxjax._bundled import minilm_safetensors_path, smollm2_gguf_path
 
     RESULTS.mkdir(parents=True, exist_ok=True)
+    stack_rows = bench_stack(args.gguf, 128 if args.quick else 537)
+    if args.stack_only:
+        (RESULTS / "load_stack.json").write_text(json.dumps(dict(machine=platform.platform(), cpus=os.cpu_count(), stack=stack_rows), indent=1))
+        return
     with tempfile.TemporaryDirectory() as d:
         files = {"MiniLM (91 MB)": str(minilm_safetensors_path())}
         size = 128 if args.quick else 512
@@ -351,7 +451,7 @@ def main() -> None:
     gguf_row = bench_gguf(str(smollm2_gguf_path()))
     deq_rows = bench_dequantize(args.quick)
     name = "load_weights_quick" if args.quick else "load_weights"
-    out = dict(machine=platform.platform(), cpus=os.cpu_count(), safetensors=st_rows, gguf=gguf_row, dequantize=deq_rows)
+    out = dict(machine=platform.platform(), cpus=os.cpu_count(), stack=stack_rows, safetensors=st_rows, gguf=gguf_row, dequantize=deq_rows)
     (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=1))
     plot(st_rows, gguf_row, deq_rows, RESULTS / f"{name}.png")
     print(f"\nsaved {RESULTS / (name + '.png')} and {name}.json")

@@ -22,7 +22,108 @@ from maxjax.graph.quantization import to_layout
 from maxjax.graph.sharding import DeviceLayout
 from maxjax.graph.weights.lazy import host_indexable
 
-__all__ = ["place_sharded", "placement_report", "read_block"]
+__all__ = ["host_stack", "place_layers", "place_sharded", "placement_report", "read_block"]
+
+_ALIGN = 64  # JAX's CPU client adopts (aliases) host buffers aligned to 64 bytes: no copy
+
+
+def _stored(value: Any) -> Any:
+    """The array-like behind a registry value (a WeightData's data, a Buffer's array), unread."""
+    from maxjax.driver import Buffer
+    from maxjax.graph.weights.weight_data import WeightData
+
+    if isinstance(value, WeightData):
+        value = value.data
+    if isinstance(value, Buffer):
+        value = value._array
+    return value
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    start = (-raw.ctypes.data) % _ALIGN
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def _copy_into(out: np.ndarray, value: Any) -> None:
+    """One copy of a stored value into ``out`` (straight out of a mapped file for a LazyTensor)."""
+    from maxjax.driver import to_host_array
+    from maxjax.graph.weights.lazy import LazyTensor
+
+    value = _stored(value)
+    if isinstance(value, LazyTensor):
+        value.read_into(out)
+        return
+    np.copyto(out, to_host_array(value), casting="no")
+
+
+def host_stack(values: Sequence[Any], transform: Any = None) -> np.ndarray:
+    """Layers stacked along a new leading axis ``[len(values), *shape]`` in ONE host buffer.
+
+    The buffer is allocated once (64-byte aligned) and filled layer by layer: each byte is copied
+    once, from a mapped file's pages (:class:`~maxjax.graph.weights.lazy.LazyTensor`, whose pages
+    are then dropped from the resident set) or from an array, with no temporary whole-layer or
+    whole-stack copy. It is returned read-only, so ``jax.device_put`` on the CPU adopts it
+    without copying: the stack costs one copy of its bytes in all (``np.stack`` and then
+    ``device_put`` of its 16-byte aligned result cost two).
+
+    Args:
+        values: the stored values of the layers (WeightData, Buffers, arrays, LazyTensors), all of
+            one shape and dtype.
+        transform: a function applied to each layer's host value first (e.g. a weight's
+            ``to_device_layout``), or None (then nothing is read twice).
+
+    Raises:
+        ValueError: the layers differ in shape or dtype (naming the layer).
+    """
+    from maxjax.driver import to_host_array
+
+    if transform is not None:
+        values = [transform(to_host_array(_stored(v))) for v in values]
+    first = _stored(values[0])
+    shape, dtype = tuple(int(d) for d in first.shape), np.dtype(first.dtype)
+    out = _aligned_empty((len(values), *shape), dtype)
+    for i, v in enumerate(values):
+        s = _stored(v)
+        if tuple(int(d) for d in s.shape) != shape or np.dtype(s.dtype) != dtype:
+            raise ValueError(f"host_stack: layer {i} is {np.dtype(s.dtype)}{list(s.shape)}, layer 0 is {dtype}{list(shape)}")
+        _copy_into(out[i], s)
+    out.flags.writeable = False
+    return out
+
+
+def place_layers(values: Sequence[Any], target: Any, *, stacked: bool, transform: Any = None, encoding: Any = None,
+                 quantized_layout: str | None = None) -> Any:  # fmt: skip
+    """One weight's value (or, ``stacked``, its layers' values stacked) on ``target`` (a device,
+    or None for the default one), with one copy of the stored bytes (see :func:`host_stack`).
+
+    A GGUF-quantized weight (``encoding``) is then converted to ``quantized_layout`` on the device
+    (the stacked bytes are adopted, not copied, before the conversion); a value that needs neither
+    stacking nor a transform and is already a device array stays as it is.
+
+    Returns:
+        A ``jax.Array``, or a :class:`~maxjax.graph.quantization.QuantizedArray`.
+    """
+    stored = _stored(values[0])
+    if not stacked and transform is None and encoding is None and isinstance(stored, jax.Array):
+        return stored if target is None else jax.device_put(stored, target)
+    if stacked:
+        host = host_stack(values, transform)
+    else:
+        host = _stored(values[0])
+        from maxjax.driver import to_host_array
+        from maxjax.graph.weights.lazy import LazyTensor
+
+        if transform is not None:
+            host = transform(to_host_array(host))
+        if isinstance(host, LazyTensor) or not isinstance(host, jax.Array):
+            host = host_stack([host])[0]
+    device = jax.device_put(host, target)  # adopted on the CPU: aligned and read-only
+    if encoding is None:
+        return device
+    return to_layout(quantized_layout, encoding, device)
 
 
 def read_block(value: Any, layout: DeviceLayout | None, index: Sequence[slice]) -> np.ndarray:

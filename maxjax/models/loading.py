@@ -10,7 +10,14 @@ from typing import Any
 from maxjax.dtype import DType
 from maxjax.models.causal_lm import CausalLM
 
-__all__ = ["MEMORY_ENV", "available_memory", "check_fits_in_memory", "load_model", "resolve_model_path"]
+__all__ = [
+    "KV_CHECK_TOKENS", "MEMORY_ENV", "available_memory", "check_fits_in_memory", "load_model", "memory_plan",
+    "resolve_model_path",
+]  # fmt: skip
+
+#: Tokens of KV cache (batch 1) that the memory check before loading counts: a request's cache is
+#: sized by the request (its prompt and new tokens, rounded up to a bucket, up to the context).
+KV_CHECK_TOKENS = 4096
 
 #: Environment variable that overrides the memory :func:`available_memory` reports: a number of
 #: bytes (``K``/``M``/``G``/``T`` suffixes allowed), or ``unlimited`` to turn the check off.
@@ -90,6 +97,139 @@ def check_fits_in_memory(nbytes: int, source: str, what: str = "the model's tens
         )
 
 
+def memory_plan(
+    path: str | os.PathLike[str],
+    *,
+    dtype: DType = DType.float32,
+    quantized_layout: str | None = None,
+    policy: Any = None,
+    kv_tokens: int = KV_CHECK_TOKENS,
+) -> dict[str, Any] | None:
+    """The memory a model will take, from headers alone (no tensor data is read).
+
+    For a GGUF file: its header (tensor types and shapes, the model's metadata); for a Hugging
+    Face directory: ``config.json`` and the safetensors headers. Quantized GGUF tensors count in
+    the run-time layout ``quantized_layout`` (None: the backend policy's, e.g. ``"unpacked"``
+    int8 values on AVX2, about 1.9x the file's Q4_0 bytes); float GGUF tensors as stored;
+    safetensors tensors in ``dtype`` (bfloat16 weights loaded as float32 take twice their file).
+
+    Returns:
+        ``{"file": bytes of the files, "weights": bytes of the weights in their run-time layout,
+        "kv_cache": bytes of a batch-1 key and value cache of ``kv_tokens`` tokens in ``dtype``,
+        "total": weights + kv_cache, "layout": the quantized layout counted, "kv_tokens"}``; None
+        for a directory whose ``config.json`` or safetensors headers cannot be read (the loader's
+        checks then name the fault). GGUF metadata that cannot be read counts no KV cache.
+
+    Raises:
+        ValueError: a GGUF tensor of a type maxjax cannot load (naming the tensor and its type),
+            or a file whose header cannot be read.
+    """
+    import math
+
+    import numpy as np
+
+    from maxjax.backend import policy_for
+
+    path = Path(path)
+    layout = quantized_layout or policy_for(policy).quantized_layout
+    item = np.dtype(dtype.to_numpy()).itemsize
+    if path.is_dir():
+        import json
+        import struct
+
+        try:
+            files = sorted(path.glob("*.safetensors"))
+            weights, blocks, head = 0, set(), 0
+            for f in files:
+                with open(f, "rb") as fh:
+                    (n,) = struct.unpack("<Q", fh.read(8))
+                    header = json.loads(fh.read(min(n, 100 << 20)))
+                for name, info in header.items():
+                    if name == "__metadata__":
+                        continue
+                    weights += math.prod(int(d) for d in info["shape"]) * item
+                    if name.endswith(".self_attn.k_proj.weight"):  # the KV cache from the tensors (config.json is checked later)
+                        blocks.add(name)
+                        head = int(info["shape"][0])
+            layers, kv = len(blocks), 1
+            file_bytes = sum(os.path.getsize(f) for f in files)
+        except Exception:  # a broken config or header: the loader's own checks say what is wrong
+            return None
+    else:
+        from maxjax.graph.weights.gguf import GGUF_PLAIN_DTYPES, open_gguf
+
+        reader, _ = open_gguf(path)
+        weights = 0
+        for t in reader.tensors:
+            nbytes = _gguf_runtime_bytes(str(path), t, layout, GGUF_PLAIN_DTYPES)
+            weights += nbytes
+        # the KV cache from the tensors themselves (metadata is checked later and may lie): one
+        # key and one value row of attn_k's rows (KV heads x head size) per block present
+        blocks = {t.name.split(".")[1] for t in reader.tensors if t.name.startswith("blk.") and t.name.endswith(".attn_k.weight")}
+        k_rows = [int(t.shape.tolist()[-1]) for t in reader.tensors if t.name == "blk.0.attn_k.weight"]
+        layers, kv, head = len(blocks), 1, (k_rows[0] if k_rows else 0)
+        file_bytes = os.path.getsize(path)
+    kv_bytes = 2 * layers * kv * head * int(kv_tokens) * item
+    return {"file": file_bytes, "weights": weights, "kv_cache": kv_bytes, "total": weights + kv_bytes, "layout": layout,
+            "kv_tokens": int(kv_tokens)}  # fmt: skip
+
+
+_RUNTIME_BYTES: dict[tuple[Any, ...], int] = {}  # (encoding, layout) -> bytes of 512 values
+
+
+def _gguf_runtime_bytes(source: str, t: Any, layout: str, plain: dict) -> int:
+    """Bytes of one GGUF tensor in memory at run time (its quantized layout, or float dtype)."""
+    import math
+
+    import jax
+    import numpy as np
+
+    from maxjax.graph.quantization import QuantizationEncoding, to_layout
+
+    logical = tuple(int(d) for d in reversed(t.shape.tolist()))
+    if t.tensor_type in plain:
+        size = np.dtype(plain[t.tensor_type].to_numpy()).itemsize
+        return math.prod(logical) * size
+    try:
+        enc = QuantizationEncoding.from_gguf(t.tensor_type)
+    except ValueError:
+        supported = [e.value for e in QuantizationEncoding if e.is_gguf] + [k.name for k in plain]
+        raise ValueError(
+            f"{source}: tensor {t.name!r} uses GGML type {t.tensor_type.name}, which maxjax cannot load "
+            f"(supported: {', '.join(supported)}); nothing was loaded"
+        ) from None
+    numel = math.prod(logical)
+    key = (enc, layout)
+    if key not in _RUNTIME_BYTES:  # bytes per value of the layout (values and per-block scales): from one small block
+        sample = tuple(int(d) for d in enc.packed_shape((2, 256)))
+        try:
+            value = jax.eval_shape(lambda p: to_layout(layout, enc, p), jax.ShapeDtypeStruct(sample, np.uint8))
+            _RUNTIME_BYTES[key] = sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(value))
+        except Exception:  # a layout that cannot take this encoding: count the file's bytes
+            _RUNTIME_BYTES[key] = math.prod(sample)
+    return -(-numel * _RUNTIME_BYTES[key] // 512)
+
+
+def check_memory_plan(plan: dict[str, Any] | None, source: str) -> None:
+    """Refuses a model whose :func:`memory_plan` total exceeds :func:`available_memory`.
+
+    Raises:
+        ValueError: too large: one line with the file size, the run-time layout's bytes, the KV
+            cache's bytes and the memory available (and where that number comes from).
+    """
+    avail = available_memory()
+    if avail is None or plan is None:
+        return
+    have, where = avail
+    if plan["total"] > have:
+        raise ValueError(
+            f"{source}: does not fit in memory: file {_size(plan['file'])}, weights in their run-time layout "
+            f"({plan['layout']} for quantized tensors) {_size(plan['weights'])}, KV cache for {plan['kv_tokens']} tokens "
+            f"{_size(plan['kv_cache'])}: {_size(plan['total'])} ({plan['total']} bytes) needed, {_size(have)} ({have} bytes) "
+            f"available ({where}); nothing was loaded. Set {MEMORY_ENV}=unlimited to load it anyway"
+        )
+
+
 def resolve_model_path(model: str | os.PathLike[str] | None) -> Path:
     """The file or directory for ``model``: None (the bundled SmolLM2 GGUF), a GGUF file, a model
     directory, or a Hugging Face repo id found in the local Hugging Face cache.
@@ -136,20 +276,25 @@ def load_model(
     over ``mesh_axes[0]`` (see :class:`CausalLM`).
 
     Nothing is mapped, built or loaded before the files are known to fit in the memory available
-    (:func:`check_fits_in_memory`) and the checkpoint's metadata is checked against its tensors
-    (see :mod:`maxjax.models.llama.checks`).
+    (:func:`check_fits_in_memory`); then, from the headers alone, the weights in their run-time
+    layout plus a KV cache of :data:`KV_CHECK_TOKENS` tokens must fit too (:func:`memory_plan`;
+    a tensor of an unsupported type is named first), and the checkpoint's metadata is checked
+    against its tensors (see :mod:`maxjax.models.llama.checks`).
 
     Raises:
         FileNotFoundError: no such model.
         ValueError: an unknown format or an unsupported architecture; files larger than the memory
-            available; metadata, a ``config.json`` or tensors that are wrong (one line naming the
-            file and the key or tensor).
+            available (with the file size, run-time layout and KV cache bytes and the memory
+            available); a tensor of an unsupported type (naming it); metadata, a ``config.json`` or
+            tensors that are wrong (one line naming the file and the key or tensor).
     """
     path = resolve_model_path(model)
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))
         if (path / "config.json").exists():
             _check_size(sorted(path.glob("*.safetensors")), str(path), mesh)
+            if mesh is None:
+                check_memory_plan(memory_plan(path, dtype=dtype, quantized_layout=quantized_layout, policy=policy), str(path))
             return CausalLM.from_pretrained_dir(path, dtype, progress, quantized_layout, policy, mesh, mesh_axes)
         if len(ggufs) == 1:
             path = ggufs[0]
@@ -160,7 +305,9 @@ def load_model(
     fmt = weights_format([path])
     if fmt is not WeightsFormat.gguf:
         raise ValueError(f"{path}: a {fmt.value} file alone cannot be generated from; pass its model directory")
-    _check_size([path], str(path), mesh)
+    _check_size([path], str(path), mesh)  # the file alone, before it is opened
+    if mesh is None:  # from the header: the run-time layout and the KV cache, before any tensor is read
+        check_memory_plan(memory_plan(path, dtype=dtype, quantized_layout=quantized_layout, policy=policy), str(path))
     return CausalLM.from_gguf(path, dtype, progress, quantized_layout, policy, mesh, mesh_axes)
 
 

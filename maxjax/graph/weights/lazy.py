@@ -92,6 +92,26 @@ class LazyTensor:
             _READ[self.mapped.path] = _READ.get(self.mapped.path, 0) + out.nbytes
         return out
 
+    def read_into(self, out: np.ndarray) -> np.ndarray:
+        """Copies the whole tensor into ``out`` (a writable array of its shape and dtype, e.g. one
+        layer of a preallocated stack): one copy out of the map, no temporary; then drops the
+        file's pages from this process's resident set (they stay in the page cache).
+
+        Raises:
+            ValueError: ``out`` has another shape or dtype.
+        """
+        if tuple(out.shape) != self.shape or out.dtype != self.dtype:
+            raise ValueError(f"read_into: out is {out.dtype}{list(out.shape)}, the tensor is {self.dtype}{list(self.shape)}")
+        stored = self._stored()
+        if self.rows is None:
+            np.copyto(out, stored)
+        else:
+            np.take(stored, self.rows, axis=0, out=out)
+        with _LOCK:
+            _READ[self.mapped.path] = _READ.get(self.mapped.path, 0) + out.nbytes
+        self.mapped.release(self.offset, int(np.prod(self._stored_shape)) * self.dtype.itemsize)
+        return out
+
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         out = self[:]
         return out if dtype is None else out.astype(dtype)

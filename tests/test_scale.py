@@ -1,0 +1,99 @@
+"""Issue 23 (scale): synthetic Llama-3-shaped GGUFs, and the checks that refuse a model before loading it.
+
+The tiny synthetic GGUF (2 blocks, hidden 64, SmolLM2's tokenizer) is written once per module by
+``scripts/make_synthetic_gguf.py``; the real shapes are checked from the script's tensor plan
+(parameter counts of the published models) without writing their files.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import make_synthetic_gguf as synth  # noqa: E402
+
+from maxjax.models import load_model  # noqa: E402
+from maxjax.models.loading import MEMORY_ENV, memory_plan  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return synth.write_gguf("tiny", "q8_0", tmp_path_factory.mktemp("synth") / "tiny-q8_0.gguf", verbose=False)
+
+
+def test_real_shapes_have_the_published_parameter_counts():
+    # Llama-3.2-1B, -3.2-3B and -3.1-8B as Hugging Face counts them (tied embeddings count once)
+    counts = {name: sum(math.prod(shape) for _, shape, _, _ in synth.tensor_plan(synth.SHAPES[name])) for name in synth.SHAPES}
+    assert counts["llama-3.2-1b"] == 1_235_814_400
+    assert counts["llama-3.2-3b"] == 3_212_749_824
+    assert counts["llama-3.1-8b"] == 8_030_261_248
+
+
+def test_tiny_gguf_metadata_and_shapes(tiny):
+    r = gguf.GGUFReader(str(tiny))
+    meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.ggml.")}
+    assert meta["general.architecture"] == "llama"
+    assert (meta["llama.block_count"], meta["llama.embedding_length"], meta["llama.feed_forward_length"]) == (2, 64, 128)
+    assert (meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]) == (4, 2)
+    assert meta["llama.rope.freq_base"] == 500000.0 and meta["llama.rope.dimension_count"] == 16
+    tokens = r.fields["tokenizer.ggml.tokens"].contents()
+    assert meta["llama.vocab_size"] == len(tokens) == 49152
+    shapes = {t.name: (t.tensor_type.name, tuple(int(d) for d in reversed(t.shape.tolist()))) for t in r.tensors}
+    assert shapes["token_embd.weight"] == ("Q8_0", (49152, 64))
+    assert shapes["blk.1.attn_k.weight"] == ("Q8_0", (32, 64))  # 2 KV heads of 16
+    assert shapes["blk.0.ffn_down.weight"] == ("Q8_0", (64, 128))
+    assert shapes["blk.0.attn_norm.weight"] == ("F32", (64,))
+    assert "output.weight" not in shapes  # tied, as Llama 3.2
+    assert len(shapes) == 1 + 2 * 9 + 1
+    # the blocks are the quantizer's: finite, not all alike, of the planned scale (1/sqrt(64))
+    q = next(t for t in r.tensors if t.name == "blk.0.attn_q.weight")
+    w = gguf.quants.dequantize(np.asarray(q.data), q.tensor_type)
+    assert np.isfinite(w).all() and 0.08 < float(w.std()) < 0.17
+
+
+def test_padded_vocabulary_keeps_every_id_valid():
+    fields = synth.tokenizer_fields(128256)
+    tokens, types = fields["tokenizer.ggml.tokens"][0], fields["tokenizer.ggml.token_type"][0]
+    assert len(tokens) == len(types) == 128256 and len(set(tokens)) == 128256
+    assert tokens[-1] == "<|reserved_special_token_79103|>" and types[-1] == int(gguf.TokenType.UNUSED)
+
+
+def test_tiny_loads_and_decodes(tiny):
+    lm = load_model(tiny)
+    assert (lm.config.num_hidden_layers, lm.config.hidden_size, lm.config.vocab_size) == (2, 64, 49152)
+    (g,) = lm.generate(["Hello"], max_new_tokens=6, stop_at_eos=False)
+    assert len(g.token_ids) == 6 and all(0 <= t < 49152 for t in g.token_ids)
+    k, v = lm.new_cache(1, 16)
+    ids = np.asarray([lm.encode_prompt("Hello")], np.int32)
+    _, logits, _, _ = lm.prefill(ids, [ids.shape[1]], k, v)
+    assert np.isfinite(np.asarray(logits)).all() and float(np.asarray(logits).std()) > 0
+
+
+def test_too_large_is_refused_with_the_numbers(tiny, monkeypatch):
+    plan = memory_plan(tiny)
+    assert plan["weights"] > 3_000_000 and plan["kv_cache"] == 2 * 2 * 2 * 16 * 4096 * 4
+    budget = plan["file"] + 1  # the file alone fits; with the run-time layout and the KV cache it does not
+    assert plan["total"] > budget
+    monkeypatch.setenv(MEMORY_ENV, str(budget))
+    with pytest.raises(ValueError) as e:
+        load_model(tiny)
+    msg = str(e.value)
+    for number in (f"{plan['total']} bytes", f"{budget} bytes"):
+        assert number in msg
+    assert "file 5.0 MiB" in msg and "KV cache for 4096 tokens 2.0 MiB" in msg and f"${MEMORY_ENV}" in msg
+    monkeypatch.setenv(MEMORY_ENV, "1K")  # smaller than the file: refused before it is opened
+    with pytest.raises(ValueError, match=r"its files take .* more than the 1\.0 KiB"):
+        load_model(tiny)
+
+
+def test_unsupported_type_is_named_before_loading(tmp_path, monkeypatch):
+    path = synth.write_gguf("tiny", "q8_0", tmp_path / "mx.gguf", verbose=False, types={"blk.1.ffn_up.weight": "mxfp4"})
+    monkeypatch.setenv(MEMORY_ENV, str(path.stat().st_size + 1))  # too small to load: the type is named first
+    with pytest.raises(ValueError, match=r"tensor 'blk\.1\.ffn_up\.weight' uses GGML type MXFP4, which maxjax cannot load"):
+        load_model(path)
