@@ -19,15 +19,14 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from maxjax.backend import BackendPolicy, policy_for
 from maxjax.driver import jax_device_of, to_host_array, to_jax_array
 from maxjax.dtype import DType
 from maxjax.graph.graph import Graph, did_you_mean
-from maxjax.graph.quantization import LAYOUTS, to_layout
-from maxjax.engine.placement import place_sharded
+from maxjax.graph.quantization import LAYOUTS
+from maxjax.engine.placement import place_layers, place_sharded
 from maxjax.graph.scan import chain_shared_keys, evaluate, find_chains
 from maxjax.graph.type import Shape
 
@@ -168,12 +167,14 @@ class Program:
                 values, w.stored_device_layout, w.stored_shape, target, stacked=stacked,
                 encoding=w.quantization_encoding if gguf else None, quantized_layout=layout,
             )  # fmt: skip
-        if not stacked and not gguf and w.device_layout is None and w._quantized_class() is None:
-            return to_jax_array(values[0], target)  # a device array stays on the device
+        if gguf or w._quantized_class() is None:  # one copy of the stored bytes, stacks preallocated; a device array stays
+            identity = w.stored_device_layout is None or w.stored_device_layout.is_identity
+            return place_layers(
+                values, target, stacked=stacked, transform=None if identity else w.to_device_layout,
+                encoding=w.quantization_encoding if gguf else None, quantized_layout=layout,
+            )  # fmt: skip
         host = [w.to_device_layout(to_host_array(v)) for v in values]
         value = np.stack(host) if stacked else host[0]
-        if gguf:
-            return jax.device_put(to_layout(layout, w.quantization_encoding, jnp.asarray(value)), target)
         if w._quantized_class() is not None:  # another encoding: its class reads the stored value
             return jax.device_put(w.as_value(value), target)
         return to_jax_array(value, target)

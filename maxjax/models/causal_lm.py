@@ -175,7 +175,7 @@ class CausalLM:
         """
         from maxjax.tokenizer import Tokenizer
 
-        arch, config, weights = checkpoint.open_gguf_checkpoint(path, lazy=mesh is not None)  # a mesh: each process reads its shards
+        arch, config, weights = checkpoint.open_gguf_checkpoint(path, lazy=True)  # read once, when placed (a mesh: each process its shards)
         tokenizer = Tokenizer.from_gguf(weights.reader)  # its checks too, before anything is built
         module = checkpoint.build(arch, config, arch.weights_from_gguf(weights, config), dtype, quantized=True)
         return cls(module, config, tokenizer, dtype, progress, str(path), quantized_layout, policy, mesh, mesh_axes)
