@@ -117,6 +117,21 @@ def test_matmul_of_a_large_weight_in_row_blocks_matches():
         np.testing.assert_allclose(out, x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("layout", [UnpackedArray, NibbleArray, PackedArray, DequantizedArray])
+def test_matmul_of_long_rows_in_column_blocks_matches(layout):
+    packed = _quantized(32, 8192, gguf.GGMLQuantizationType.Q4_0)  # Llama-3.2-1B down_proj's 8192 columns
+    r = layout.from_packed(QuantizationEncoding.Q4_0, jax.numpy.asarray(packed))
+    cpu = policy_for("cpu")
+    assert cpu.col_chunks(8192, 1) == 4 and cpu.col_chunks(8192, 8) == 1 and cpu.col_chunks(8192, 40) == 4
+    assert cpu.col_chunks(2048, 1) == 1 and policy_for("gpu").col_chunks(8192, 1) == 1
+    w = np.asarray(dequantize(QuantizationEncoding.Q4_0, jax.numpy.asarray(packed)), np.float64)
+    for lead in [(1,), (40,)]:  # in four column blocks on the CPU, whole on the GPU policy
+        x = RNG.standard_normal((*lead, 8192)).astype(np.float32)
+        for policy in (cpu, policy_for("gpu")):
+            out = np.asarray(jax.jit(lambda x, r: r.matmul(x, policy))(x, r))
+            np.testing.assert_allclose(out, x.astype(np.float64) @ w.T, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("lead", [(1,), (2,), (4, 4), (17,), (2, 64)])
 def test_matmul_t_on_either_side_of_the_weight_left_range(lead):
     """1 row and more than 16 rows: x @ w.T; 2 to 16 rows: (w @ x.T).T. Same numbers, same gradient."""

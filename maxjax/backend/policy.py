@@ -17,6 +17,13 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   than one input row, is dequantized and multiplied one block of rows at a time (XLA:CPU otherwise
   writes the whole float32 weight first; an LM head of 49152 rows costs more in fresh pages than
   in arithmetic). CPU: 4096; others: 0 (off).
+- ``dequant_col_chunk``: a quantized weight with more columns (input features) than this, and a
+  multiple of it, is dequantized and multiplied one block of columns at a time, each block its own
+  fusion behind ``optimization_barrier``, and the partial products summed (XLA:CPU's fused
+  dequantize-and-dot collapses for 4096 columns and more: a Q4_0 ``[2048, 8192]`` weight times
+  one row took 197 ms fused, 3.2 ms in 2048-column blocks; Llama-3.2-1B's ``down_proj``, every
+  weight of an 8B). Not for 2 to ``weight_left_max_rows`` input rows (15-30% slower there).
+  CPU: 2048; others: 0 (off).
 - ``grouped_attention``: when attention groups the query heads of each KV head instead of
   repeating the KV heads (Hugging Face's ``repeat_kv``). ``"batched_decode"`` (CPU): only for one
   new token in each of several rows, where XLA:CPU's dots are fastest that way; ``"always"``
@@ -65,6 +72,8 @@ class BackendPolicy:
         quantized_layout: ``"nibbles"``, ``"unpacked"``, ``"packed"`` or ``"dequantized"``.
         weight_left_max_rows: most rows of ``x`` for which ``x @ w.T`` runs weight-left (0: off).
         dequant_row_chunk: rows per block when a large quantized weight is multiplied (0: off).
+        dequant_col_chunk: columns per block when a quantized weight with long rows is multiplied
+            (0: off).
         grouped_attention: ``"always"``, ``"batched_decode"`` or ``"never"``.
         encoder_rows: most rows in one compiled encoder pass (at least 1).
         xla_options: XLA compiler options for maxjax's own jitted programs.
@@ -82,6 +91,7 @@ class BackendPolicy:
     quantized_layout: str = "unpacked"
     weight_left_max_rows: int = 0
     dequant_row_chunk: int = 0
+    dequant_col_chunk: int = 0
     grouped_attention: str = "always"
     encoder_rows: int = 256
     xla_options: tuple[tuple[str, Any], ...] = ()
@@ -136,6 +146,17 @@ class BackendPolicy:
             return rows // c
         return 1
 
+    def col_chunks(self, cols: Any, lead: Any) -> int:
+        """How many column blocks a quantized weight of ``cols`` columns is dequantized and
+        multiplied in when it multiplies ``lead`` input rows (1: the whole row at once). Not for
+        the weight-left rows (2 to ``weight_left_max_rows``), where the blocks cost 15-30% more."""
+        c = self.dequant_col_chunk
+        if not (c and isinstance(cols, (int, np.integer)) and cols > c and cols % c == 0):
+            return 1
+        if isinstance(lead, (int, np.integer)) and 1 < lead <= self.weight_left_max_rows:
+            return 1
+        return cols // c
+
     # -- attention ---------------------------------------------------------------------------
     def attention_grouped(self, batch: Any, seq: Any, groups: Any) -> bool:
         """Whether attention groups query heads per KV head (True) or repeats KV heads (False).
@@ -162,6 +183,7 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
         quantized_layout="nibbles" if avx512 else "unpacked",
         weight_left_max_rows=16,
         dequant_row_chunk=4096,
+        dequant_col_chunk=2048,
         grouped_attention="batched_decode",
         encoder_rows=32,
         xla_options=(("xla_cpu_use_xnnpack", False),),

@@ -133,7 +133,8 @@ class QuantizedArray:
         """``x @ self.dequantize().T`` in float32: ``x [..., cols]`` -> ``[..., rows]``.
 
         The product is formed by ``policy`` (default: JAX's default backend's): its GEMM operand
-        order, precision, and whether a large weight is dequantized one block of rows at a time.
+        order, precision, whether a large weight is dequantized one block of rows at a time, and
+        whether a long row is dequantized and multiplied one block of columns at a time.
 
         Raises:
             ValueError: this is not a 2-D weight, ``x`` is not float32, or its last axis is not
@@ -158,6 +159,14 @@ class QuantizedArray:
             flat = x.reshape(lead, cols)
             out = lax.map(lambda w: policy.matmul_t(flat, w.dequantize()), blocks)
             return jnp.moveaxis(out, 0, 1).reshape(*shape[:-1], rows)
+        k = policy.col_chunks(cols, lead)
+        if k > 1:  # a sum of products over column blocks, each its own fusion
+            c, out = cols // k, None
+            for j in range(k):
+                part = lax.optimization_barrier(jax.tree.map(lambda a: a[..., j * a.shape[-1] // k : (j + 1) * a.shape[-1] // k], self))
+                y = lax.optimization_barrier(policy.matmul_t(x[..., j * c : (j + 1) * c], part.dequantize()))
+                out = y if out is None else out + y
+            return out
         return policy.matmul_t(x, self.dequantize())
 
     # -- construction ------------------------------------------------------------------------------
