@@ -274,6 +274,28 @@ def tolerant_import(module, pairs):
 '''
 
 
+PLUGIN = '''"""max_suite's pytest plugin (both sides): caps hypothesis examples when asked, for time."""
+import os
+
+_N = int(os.environ.get("MAX_SUITE_HYPOTHESIS_EXAMPLES", "0") or 0)
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    """Before each test module is imported (its conftests have loaded their profile; @given
+    binds the current profile at import): the same profile with examples capped."""
+    if not _N:
+        return
+    try:
+        from hypothesis import settings
+    except ImportError:
+        return
+    current = settings.default
+    if current.max_examples > _N:
+        settings.register_profile("max_suite", parent=current, max_examples=_N)
+        settings.load_profile("max_suite")
+'''
+
+
 # --------------------------------------------------------------------------- classification
 
 
@@ -357,7 +379,8 @@ def _has_timeout_plugin(python: str) -> bool:
 
 def _run_file(python: str, root: Path, rel: str, xml: Path, env: dict[str, str],
               per_test: int, per_file: int, timeout_plugin: bool) -> dict:
-    cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(root),
+    cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "_max_suite_plugin",
+           "--rootdir", str(root),
            f"--junitxml={xml}", "-o", "junit_family=xunit1", rel]
     if timeout_plugin:
         cmd[4:4] = [f"--timeout={per_test}"]
@@ -429,6 +452,7 @@ def prepare(tests: Path, dest: Path, *, rewrite: bool) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(tests, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache"))
+    (dest / "_max_suite_plugin.py").write_text(PLUGIN)
     if not rewrite:
         return
     (dest / "_max_suite_shim.py").write_text(SHIM)
@@ -487,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-test-timeout", type=int, default=240)
     ap.add_argument("--per-file-timeout", type=int, default=900)
     ap.add_argument("--budget", type=int, default=3600, help="total seconds for both sides")
+    ap.add_argument("--hypothesis-examples", type=int, default=0,
+                    help="cap hypothesis examples per test (both sides; 0: the tests' own settings)")
     ap.add_argument("--max-only", action="store_true", help="run (and cache) MAX's side only")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/max_suite.json")
     args = ap.parse_args(argv)
@@ -494,10 +520,14 @@ def main(argv: list[str] | None = None) -> int:
     tests = args.tests.resolve()
     files = sorted(p.relative_to(tests).as_posix() for p in tests.rglob("test_*.py"))
     # issue groups first (in GROUPS order), so a spent budget cuts the rest.
-    files.sort(key=lambda f: next((i for i, rx in enumerate(GROUPS.values()) if rx.search(f)),
-                                  len(GROUPS)))
+    # Within a group, files that compile graphs (MAX: 20-300 s a compile here) come last.
+    files.sort(key=lambda f: (next((i for i, rx in enumerate(GROUPS.values()) if rx.search(f)),
+                                   len(GROUPS)),
+                              bool(re.search(r"\.load\(|\.execute\(", (tests / f).read_text()))))
     if args.only:
         files = [f for f in files if any(f.startswith(o) for o in args.only)]
+    if args.hypothesis_examples:
+        os.environ["MAX_SUITE_HYPOTHESIS_EXAMPLES"] = str(args.hypothesis_examples)
     t_start = time.time()
     deadline = t_start + args.budget
 
@@ -516,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     # GPU-path files are excluded by rule: MAX is not run on them.
     todo = [f for f in todo if not GPU_PATH_RE.search(f)]
     env_max = dict(os.environ)
-    env_max.pop("PYTHONPATH", None)
+    env_max["PYTHONPATH"] = str(max_root)
     env_max["MODULAR_TEST_DEVICE"] = "cpu"
     if todo:
         runs = run_side(args.max_python, max_root, todo, cache, env_max, args.per_test_timeout,
@@ -524,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in runs:
             if r["rc"] != "not_run":
                 index[r["file"]] = {"hash": _hash(tests / r["file"]), "rc": r["rc"],
+                                    "hypothesis_examples": args.hypothesis_examples,
                                     "seconds": r["seconds"], "tail": r["tail"][-1500:]}
         index_path.write_text(json.dumps(index, indent=1))
     if args.max_only:
@@ -551,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_python": args.max_python,
         "maxjax_python": args.maxjax_python,
         "seconds": round(time.time() - t_start, 1),
+        "hypothesis_examples": args.hypothesis_examples or "tests' own",
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
