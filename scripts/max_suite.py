@@ -440,7 +440,10 @@ def cause_of(message: str) -> str:
         if s.startswith("E ") and ("Error" in s or "Exception" in s):
             first = s[1:].strip()
             break
-    return first[:160]
+    lines = msg.splitlines()
+    if first.endswith("did not match.") and len(lines) > 1:  # pytest.raises(match=...)
+        first += " " + lines[1].strip()
+    return first[:200]
 
 
 def _hash(path: Path) -> str:
@@ -513,6 +516,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=3600, help="total seconds for both sides")
     ap.add_argument("--hypothesis-examples", type=int, default=0,
                     help="cap hypothesis examples per test (both sides; 0: the tests' own settings)")
+    ap.add_argument("--maxjax-results", type=Path, default=None,
+                    help="where maxjax's junit files go (default: under --scratch)")
+    ap.add_argument("--reuse-maxjax", action="store_true",
+                    help="keep maxjax junit files already in --maxjax-results (same tree only)")
     ap.add_argument("--max-only", action="store_true", help="run (and cache) MAX's side only")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks/results/max_suite.json")
     args = ap.parse_args(argv)
@@ -563,10 +570,12 @@ def main(argv: list[str] | None = None) -> int:
     # maxjax side.
     mj_root = args.scratch / "maxjax"
     prepare(tests, mj_root, rewrite=True)
-    mj_xml = args.scratch / "maxjax_results"
+    mj_xml = args.maxjax_results or args.scratch / "maxjax_results"
     env_mj = dict(os.environ)
     env_mj["PYTHONPATH"] = os.pathsep.join([str(args.tree.resolve()), str(mj_root)])
     mj_files = [f for f in files if not GPU_PATH_RE.search(f)]
+    if args.reuse_maxjax:  # same tree, same tests: keep the junit files already there
+        mj_files = [f for f in mj_files if not (mj_xml / _xml_name(f)).exists()]
     mj_runs = run_side(args.maxjax_python, mj_root, mj_files, mj_xml, env_mj,
                        min(args.per_test_timeout, 120), min(args.per_file_timeout, 600), args.jobs,
                        deadline, "maxjax")
