@@ -212,27 +212,23 @@ import importlib
 import types
 
 
-class _Missing:
-    def __init__(self, qualname):
-        self._qualname = qualname
+class _MissingMeta(type):
+    """A placeholder is a class (hypothesis and isinstance checks need types) whose use raises."""
 
-    def __call__(self, *a, **k):
-        raise ImportError(f"max_suite placeholder: {self._qualname} is not in maxjax")
+    def __call__(cls, *a, **k):
+        raise ImportError(f"max_suite placeholder: {cls._qualname} is not in maxjax")
 
-    def __getattr__(self, name):
+    def __getattr__(cls, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        return _Missing(f"{self._qualname}.{name}")
+        return placeholder(f"{cls._qualname}.{name}")
 
-    def __iter__(self):
-        raise ImportError(f"max_suite placeholder: {self._qualname} is not in maxjax")
-
-    def __mro_entries__(self, bases):
-        return (object,)
+    def __iter__(cls):
+        raise ImportError(f"max_suite placeholder: {cls._qualname} is not in maxjax")
 
 
 def placeholder(qualname):
-    return _Missing(qualname)
+    return _MissingMeta(qualname.rsplit(".", 1)[-1], (), {"_qualname": qualname})
 
 
 def _mlir_stub():
@@ -269,7 +265,7 @@ def tolerant_import(module, pairs):
             try:
                 out.append(importlib.import_module(f"{module}.{name}"))
             except ImportError:
-                out.append(_Missing(f"{module}.{name}"))
+                out.append(placeholder(f"{module}.{name}"))
     return tuple(out)
 '''
 
