@@ -34,7 +34,8 @@ Classification of each test (by node id) -- the rules, in this order:
 2. ``mlir``: the test's source (its function, plus module-level helper functions it calls in
    the same file, one level) matches an MLIR-text marker (``MLIR_MARKERS``: MLIR op names such
    as ``"mo.``, ``mlir``/``_mlir`` uses, ``str(graph)``, ``.verify()``, the op-lookup helpers of
-   MAX's tests); requesting the ``mlir_context`` fixture alone does not count.
+   MAX's tests); requesting the ``mlir_context`` fixture (``mlir_context: mlir.Context``) alone
+   does not count.
 3. ``private``: that source uses a private MAX name (a name imported from ``max._x`` or a
    ``_Name`` imported from ``max``), or ``max._`` appears in it.
 4. ``max_fail``: MAX 26.7 did not pass it (failed, errored, timed out, file not collected --
@@ -91,7 +92,7 @@ GPU_RE = re.compile(
     r"\bGPU\b|[Aa]ccelerator|CUDA|\bHIP\b|\bgpu\b|No (?:supported )?(?:GPU|accelerator)"
 )
 
-# MLIR-text markers, searched in the test's source with the fixture name ``mlir_context`` removed
+# MLIR-text markers, searched in the test's source with the fixture ``mlir_context: mlir.Context`` removed
 # (that fixture only sets up MAX's MLIR context; maxjax's side gets a no-op stand-in).
 MLIR_MARKERS = re.compile(
     r"""["'](?:mo|rmo|mgp|kgen|mef|mosh)\.\w|\b(?:mo|rmo|mlir|builtin)\.\w|_mlir|\bmlir\b"""
@@ -354,7 +355,7 @@ def classify(test_file: Path, func: str, max_outcome: str, max_msg: str) -> str 
     if max_outcome in ("failed", "error") and GPU_RE.search(max_msg or ""):
         return "gpu"
     source = _test_sources(test_file).get(func, "")
-    if MLIR_MARKERS.search(source.replace("mlir_context", "")):
+    if MLIR_MARKERS.search(source.replace("mlir.Context", "").replace("mlir_context", "")):
         return "mlir"
     private = _private_names(test_file)
     if "max._" in source or (private and re.search(

@@ -71,9 +71,9 @@ def synthetic(tmp_path: Path) -> dict[str, Path]:
            "@pytest.fixture\ndef mlir_context():\n"
            "    ctx = default_mlir_context()\n    with mlir.Location.unknown():\n        yield ctx\n")
     _write(tests / "graph" / "test_a.py",
-           "from max.graph import Graph, _Private\n"
+           "from __future__ import annotations\nfrom max.graph import Graph, _Private\n"
            "def helper(g):\n    return str(g)\n"
-           "def test_pass(mlir_context):\n    assert Graph(2).double() == 4\n"
+           "def test_pass(mlir_context: mlir.Context):\n    assert Graph(2).double() == 4\n"
            "def test_fail():\n    assert Graph(2).double() == 5, 'wrong double'\n"
            "def test_private():\n    assert _Private is not None\n"
            "def test_mlir_text():\n    assert '\"mo.add\"' in helper(Graph(1))\n"
@@ -110,7 +110,7 @@ def test_end_to_end_classification(synthetic: dict[str, Path]) -> None:
     root = tmp / "scratch"
     ms.prepare(synthetic["tests"], root, rewrite=True)
     assert "from maxjax.graph import Graph\n" in (root / "graph" / "test_a.py").read_text()
-    assert (synthetic["tests"] / "graph" / "test_a.py").read_text().startswith("from max.graph")
+    assert "\nfrom max.graph import" in (synthetic["tests"] / "graph" / "test_a.py").read_text()
     out = tmp / "mj"
     out.mkdir()
     env = {"PYTHONPATH": f"{synthetic['tree']}:{root}", "PATH": "/usr/bin:/bin"}
