@@ -91,7 +91,7 @@ REASONS: dict[str, str] = {
     # max.engine
     **_each("MefStore", _ENGINE, "engine"),
     # max.graph
-    **_each("default_custom_extensions default_custom_extensions_scope GraphBlock GraphDebugConfig KernelLibrary ProfileScopeColor Type DevicePlacementPolicy", _MLIR, "graph"),
+    **_each("default_custom_extensions default_custom_extensions_scope GraphBlock GraphDebugConfig ProfileScopeColor DevicePlacementPolicy", _MLIR, "graph"),
     "graph.AlgebraicDim": "maxjax's AlgebraicDim holds a symbolic expression (expr=) where MAX's holds an MLIR attribute (attr=)",
     # max.graph.ops
     **_each("custom inplace_custom", _CUSTOM, "graph.ops"),

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from maxjax import driver
 from maxjax.driver import Buffer
 from maxjax.dtype import DType
-from maxjax.graph import AlgebraicDim, DeviceRef, Dim, Shape, StaticDim, SymbolicDim, TensorType
+from maxjax.graph import AlgebraicDim, BufferType, DeviceRef, Dim, Shape, StaticDim, SymbolicDim, TensorType
 
 
 def test_dtype_values_match_max():
@@ -114,3 +114,29 @@ def test_device_refs_and_tensor_types():
     sds = t.to_shape_dtype_struct()
     assert str(sds.shape[0]) == "batch" and sds.shape[1] == 4
     assert TensorType(DType.float32, [2, 3]).num_elements() == 6
+
+
+def test_kernel_library_is_empty_and_refuses_mojo_paths_by_name():
+    from maxjax.graph import Graph, KernelLibrary, Type
+
+    lib = KernelLibrary()
+    assert lib.library_paths() == [] and list(lib) == [] and "mo.add" not in lib
+    with pytest.raises(KeyError):
+        lib["my_kernel"]
+    g = Graph("k", input_types=[TensorType(DType.float32, [2], DeviceRef.CPU())], kernel_library=lib)  # MAX's test fixtures do this
+    assert g.name == "k"
+    with pytest.raises(NotImplementedError, match="kernels.mojopkg"):
+        KernelLibrary(["kernels.mojopkg"])
+    with pytest.raises(NotImplementedError, match="ops_dir"):
+        lib.load_paths(["ops_dir"])
+    with pytest.raises(TypeError, match="KernelLibrary"):
+        Graph("k", input_types=[], kernel_library="kernels.mojopkg")
+    assert isinstance(TensorType(DType.float32, [2], DeviceRef.CPU()), Type)
+    assert isinstance(BufferType(DType.float32, [2], DeviceRef.CPU()), Type)
+
+
+def test_the_sharding_helpers_are_where_max_keeps_them():
+    from maxjax.graph import sharding, weight
+
+    for name in ("col_sharding_strategy", "row_sharding_strategy", "stacked_qkv_sharding_strategy", "head_aware_col_sharding_strategy", "segmented_sharding_strategy"):
+        assert getattr(weight, name) is getattr(sharding, name)

@@ -1,9 +1,9 @@
 """``maxjax.graph``: MAX's graph API (``Graph``, ``TensorValue``, ``Weight``, types, ``ops``) on JAX."""
 
 from maxjax.dtype import DType
-from maxjax.graph.graph import Graph
+from maxjax.graph.graph import Graph, KernelLibrary
 from maxjax.graph.type import (
-    AlgebraicDim, BufferType, DeviceKind, DeviceRef, Dim, DimLike, Shape, ShapeLike, StaticDim, SymbolicDim, TensorType,
+    AlgebraicDim, BufferType, DeviceKind, DeviceRef, Dim, DimLike, Shape, ShapeLike, StaticDim, SymbolicDim, TensorType, Type,
 )
 from maxjax.graph.value import TensorValue, TensorValueLike, Value
 from maxjax.graph.buffer import BufferValue
@@ -12,7 +12,7 @@ from maxjax.graph.quantization import QuantizationConfig, QuantizationEncoding
 from maxjax.graph import ops
 
 __all__ = [
-    "AlgebraicDim", "BufferType", "BufferValue", "DType", "DeviceKind", "DeviceRef", "Dim", "DimLike", "Graph", "QuantizationConfig",
+    "AlgebraicDim", "BufferType", "BufferValue", "DType", "DeviceKind", "DeviceRef", "Dim", "DimLike", "Graph", "KernelLibrary", "QuantizationConfig",
     "QuantizationEncoding", "Shape", "ShapeLike", "ShardingStrategy", "StaticDim", "SymbolicDim",
-    "TensorType", "TensorValue", "TensorValueLike", "Value", "Weight", "ops",
+    "TensorType", "TensorValue", "TensorValueLike", "Type", "Value", "Weight", "ops",
 ]  # fmt: skip

@@ -21,7 +21,7 @@ from maxjax.graph.buffer import BufferValue
 from maxjax.graph.type import BufferType, DeviceRef, Dim, Shape, StaticDim, SymbolicDim, TensorType
 from maxjax.graph.value import TensorValue
 
-__all__ = ["Graph", "Node", "as_tensor_type", "current_graph", "layer_scope"]
+__all__ = ["Graph", "KernelLibrary", "Node", "as_tensor_type", "current_graph", "layer_scope"]
 
 
 # Names of the layers whose ``__call__`` is running, recorded on graph nodes (see layer_scope).
@@ -151,6 +151,49 @@ def as_tensor_type(t: Any) -> TensorType:
     raise TypeError(f"Graph input types must be TensorType (or values with a .type), got {t!r}")
 
 
+class KernelLibrary:
+    """MAX's library of custom Mojo kernels for a graph (``max.graph.KernelLibrary``).
+
+    maxjax ops are jnp/lax functions and run no Mojo kernels, so a library holds no paths: an empty
+    one is accepted everywhere MAX takes one (``Graph(kernel_library=KernelLibrary())``, as MAX's
+    own test fixtures build every graph), and it contains no kernels.
+
+    Raises:
+        NotImplementedError: a path given to the constructor, :meth:`add_path` or
+            :meth:`load_paths` (naming it), or :meth:`verify_custom_op`.
+    """
+
+    def __init__(self, paths: Iterable[Any] = ()) -> None:
+        for path in paths:
+            self.add_path(path)
+
+    def library_paths(self) -> list[Any]:
+        """The kernel library paths: always empty."""
+        return []
+
+    def add_path(self, path: Any) -> None:
+        raise NotImplementedError(
+            f"KernelLibrary: cannot load the Mojo kernel library {str(path)!r}: maxjax runs JAX, not Mojo kernels "
+            "(write the op as a Python function of jnp/lax calls)"
+        )
+
+    def load_paths(self, custom_extensions: Iterable[Any]) -> None:
+        for path in custom_extensions:
+            self.add_path(path)
+
+    def verify_custom_op(self, custom_op: Any) -> None:
+        raise NotImplementedError("KernelLibrary.verify_custom_op: maxjax has no MLIR custom ops")
+
+    def __getitem__(self, kernel: str) -> Any:
+        raise KeyError(kernel)
+
+    def __contains__(self, kernel: object) -> bool:
+        return False
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+
 class Graph:
     """A computation graph (MAX's ``max.graph.Graph``).
 
@@ -197,7 +240,9 @@ class Graph:
     ):
         if path is not None:
             raise NotImplementedError("Graph(path=...) loads MLIR in MAX; maxjax graphs are built in Python")
-        for arg, value in (("custom_extensions", list(custom_extensions or ())), ("kernel_library", kernel_library), ("module", module)):
+        if kernel_library is not None and not isinstance(kernel_library, KernelLibrary):
+            raise TypeError(f"Graph(kernel_library=...) takes a KernelLibrary, got {type(kernel_library).__name__}")
+        for arg, value in (("custom_extensions", list(custom_extensions or ())), ("module", module)):
             if value:
                 raise NotImplementedError(f"Graph({arg}=...): Mojo kernels and MLIR modules cannot run on JAX")
         self.name = name

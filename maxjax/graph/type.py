@@ -18,6 +18,7 @@ from jax import export as jax_export
 from maxjax.dtype import DType
 
 __all__ = [
+    "Type",
     "ConvInputLayout",
     "FilterLayout",
     "BufferType",
@@ -410,7 +411,14 @@ class DeviceRef:
         return f"{self.device_type.value}:{self.id}"
 
 
-class TensorType:
+class Type:
+    """The base of graph value types (MAX's ``max.graph.Type``, there over an MLIR type):
+    :class:`TensorType` and :class:`BufferType`."""
+
+    __slots__ = ()
+
+
+class TensorType(Type):
     """The type of a tensor value: dtype, shape (static and symbolic dims) and device.
 
     ``TensorType(DType.float32, ["batch", 4], DeviceRef.CPU())``.

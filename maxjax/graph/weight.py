@@ -32,10 +32,20 @@ from maxjax.driver import to_jax_array
 from maxjax.dtype import DType
 from maxjax.graph.binding import current_binding
 from maxjax.graph.sharding import DeviceLayout, Segment, ShardingStrategy, device_layout
+from maxjax.graph.sharding import (  # MAX 26.7 defines these in max/graph/weight.py
+    axiswise_sharding_strategy, col_sharding_strategy, expert_parallel_sharding_strategy, gate_up_sharding_strategy,
+    head_aware_col_sharding_strategy, replicate_sharding_strategy, row_sharding_strategy, segmented_sharding_strategy,
+    stacked_qkv_sharding_strategy, tensor_parallel_sharding_strategy,
+)
 from maxjax.graph.type import DeviceRef, Shape, ShapeLike
 from maxjax.graph.value import TensorValue
 
-__all__ = ["Weight", "ShardingStrategy", "Segment"]
+__all__ = [
+    "Weight", "ShardingStrategy", "Segment", "axiswise_sharding_strategy", "col_sharding_strategy",
+    "expert_parallel_sharding_strategy", "gate_up_sharding_strategy", "head_aware_col_sharding_strategy",
+    "replicate_sharding_strategy", "row_sharding_strategy", "segmented_sharding_strategy",
+    "stacked_qkv_sharding_strategy", "tensor_parallel_sharding_strategy",
+]  # fmt: skip
 
 
 class Weight(TensorValue):
