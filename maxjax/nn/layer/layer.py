@@ -84,10 +84,15 @@ class HookHandle:
         self._fn = fn
 
     def remove(self) -> None:
+        """Removes the hook and drops the handle's reference to it (a hook holding its own
+        handle is then freed as soon as its last user lets go, as MAX's hooks are)."""
+        if self._fn is None:
+            return
         try:
             _HOOKS.remove(self._fn)
         except ValueError:
             pass
+        self._fn = None
 
     def __enter__(self) -> "HookHandle":
         return self
