@@ -311,3 +311,24 @@ def test_synthetic_acceptance_at_rates_0_and_1_and_acceptance_sampler():
         AcceptanceSampler(draft_proposal="sampled")
     with pytest.raises(NotImplementedError, match="temperature given"):
         synthetic_acceptance_sampler(d, t, 0.5, 4, seed, temperature=np.ones(3, np.float32))
+
+
+def test_distributed_attention_impl_is_max_s_abstract_interface():
+    with pytest.raises(TypeError, match="abstract"):
+        nn.DistributedAttentionImpl()
+
+    class PerDevice(nn.DistributedAttentionImpl):  # MAX's per-device-list calling convention
+        def __init__(self):
+            super().__init__()
+            self.o_proj = nn.Linear(2, 2, DType.float32, CPU)
+
+        def __call__(self, layer_idx, x, signal_buffers, kv_collections, freqs_cis, input_row_offsets):
+            return [self.o_proj(xi) for xi in x]
+
+    layer = PerDevice()
+    layer.load_state_dict({"o_proj.weight": np.eye(2, dtype=np.float32) * 2})
+    out = layer(0, [jnp.ones((3, 2)), jnp.full((1, 2), 3.0)], [], [], [], [])
+    np.testing.assert_array_equal(np.asarray(out[1]), [[6.0, 6.0]])
+    assert list(inspect.signature(nn.DistributedAttentionImpl.__call__).parameters) == [
+        "self", "layer_idx", "x", "signal_buffers", "kv_collections", "freqs_cis", "input_row_offsets",
+    ]

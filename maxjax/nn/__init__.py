@@ -1,6 +1,6 @@
 """``maxjax.nn``: MAX's module system (``Module``, ``LayerList``, hooks) and basic layers."""
 
-from maxjax.nn.attention import AttentionWithRope, GGUFQAttentionWithRope, GPTQAttentionWithRope, MultiheadAttention, RaggedAttention
+from maxjax.nn.attention import AttentionWithRope, DistributedAttentionImpl, GGUFQAttentionWithRope, GPTQAttentionWithRope, MultiheadAttention, RaggedAttention
 from maxjax.nn.comm import Allreduce, Signals
 from maxjax.nn.conv import Conv1D, Conv2d, Conv3D
 from maxjax.nn.conv_transpose import ConvTranspose1d, WeightNormConvTranspose1d
@@ -29,7 +29,7 @@ from maxjax.nn import hooks, sampling  # noqa: E402  (max.nn.hooks, max.nn.sampl
 from maxjax.nn import init  # noqa: E402  (initializers: nn.init.initialize(module, key))
 
 __all__ = [
-    "Allreduce", "AttentionWithRope", "GGUFQAttentionWithRope", "GPTQAttentionWithRope", "MultiheadAttention", "KVCacheInputs", "KVCacheMetrics", "KVCacheParams", "RaggedAttention", "ReturnHiddenStates",
+    "Allreduce", "AttentionWithRope", "DistributedAttentionImpl", "GGUFQAttentionWithRope", "GPTQAttentionWithRope", "MultiheadAttention", "KVCacheInputs", "KVCacheMetrics", "KVCacheParams", "RaggedAttention", "ReturnHiddenStates",
     "build_max_lengths_tensors",
     "ReturnLogits", "Transformer", "RotaryEmbedding", "LinearScalingParams", "Llama3RopeScalingParams",
     "Llama3RotaryEmbedding", "LongRoPERotaryEmbedding", "LongRoPEScalingParams", "YarnRotaryEmbedding", "DynamicRotaryEmbedding", "YarnScalingParams", "Signals", "TransformerBlock",
