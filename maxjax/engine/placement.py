@@ -89,7 +89,7 @@ def host_stack(values: Sequence[Any], transform: Any = None) -> np.ndarray:
         s = _stored(v)
         if tuple(int(d) for d in s.shape) != shape or np.dtype(s.dtype) != dtype:
             raise ValueError(f"host_stack: layer {i} is {np.dtype(s.dtype)}{list(s.shape)}, layer 0 is {dtype}{list(shape)}")
-        _copy_into(out[i], s)
+        _copy_into(out[i, ...], s)  # a view even for rank-0 layers (out[i] would be a scalar)
     out.flags.writeable = False
     return out
 

@@ -494,7 +494,7 @@ def squeeze(x: Any, axis: int) -> Any:
     """
     a = check_axis("squeeze", axis, _rank(x))
     if x.shape[a] != 1:
-        raise ValueError(f"squeeze: dim must be 1, got axis={axis}, shape={list(x.shape)}")
+        raise ValueError(f"Squeeze dim must be 1, got axis={axis}, shape={list(x.shape)}")
     return apply(_squeeze, x, _name="squeeze", axis=axis)
 
 
