@@ -117,7 +117,7 @@ def test_weights_load_by_hugging_face_names(encoder):
         state["encoder.layer.3.attention.q_proj.weight"].to_numpy(), reference["encoder.layer.3.attention.self.query.weight"]
     )
     np.testing.assert_array_equal(
-        state["encoder.layer.5.output_norm.bias"].to_numpy(), reference["encoder.layer.5.output.LayerNorm.bias"]
+        state["encoder.layer.5.mlp_norm.bias"].to_numpy(), reference["encoder.layer.5.output.LayerNorm.bias"]
     )
     prefixed = bert_module_from_hf({"bert.embeddings.LayerNorm.weight": state["embeddings.layer_norm.weight"]})
     assert set(prefixed) == {"embeddings.layer_norm.weight"}  # BertForXxx's "bert." prefix
@@ -127,9 +127,9 @@ def test_weights_load_by_hugging_face_names(encoder):
 
 def test_bad_weight_shape_names_the_weight(encoder):
     state = {k: v.to_numpy() for k, v in bert_module_from_hf(SafetensorWeights([minilm_safetensors_path()])).items()}
-    state["encoder.layer.2.intermediate.weight"] = state["encoder.layer.2.intermediate.weight"][:, :100]
+    state["encoder.layer.2.mlp.up_proj.weight"] = state["encoder.layer.2.mlp.up_proj.weight"][:, :100]
     fresh = build_bert(encoder.config, encoder.head)
-    with pytest.raises(ValueError, match=r"encoder\.layer\.2\.intermediate\.weight"):
+    with pytest.raises(ValueError, match=r"encoder\.layer\.2\.mlp\.up_proj\.weight"):
         fresh.load_state_dict(state)
 
 

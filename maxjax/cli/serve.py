@@ -87,11 +87,15 @@ def run(args: argparse.Namespace) -> int:
     def say(msg: str) -> None:
         print(f"maxjax serve: {msg}", file=sys.stderr, flush=True)
 
+    if args.compilation_cache is not None:
+        from maxjax.engine import enable_compilation_cache
+
+        say(f"compilation cache in {enable_compilation_cache(args.compilation_cache or None)}")
     if args.model is not None and is_encoder_dir(args.model):
         unused = [
             flag for flag, value, default in (
                 ("--dtype", args.dtype, "float32"), ("--quantized-layout", args.quantized_layout, "auto"),
-                ("--max-context", args.max_context, None), ("--request-timeout", args.request_timeout, 600.0),
+                ("--max-context", args.max_context, None), ("--mesh", args.mesh, None), ("--cpu-devices", args.cpu_devices, None),
             ) if value != default
         ]  # fmt: skip
         if unused:
@@ -102,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         return serve_encoder(
             args.model, host=args.host, port=args.port, max_batch=args.max_batch, max_queue=args.max_queue,
             served_model_name=args.served_model_name, warmup=args.warmup, shutdown_timeout=args.shutdown_timeout,
-            log_level=args.log_level,
+            log_level=args.log_level, request_timeout=args.request_timeout,
         )
 
     logger = logging.getLogger("maxjax.serve")
@@ -111,10 +115,6 @@ def run(args: argparse.Namespace) -> int:
         handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(args.log_level.upper())
-    if args.compilation_cache is not None:
-        from maxjax.engine import enable_compilation_cache
-
-        say(f"compilation cache in {enable_compilation_cache(args.compilation_cache or None)}")
     mesh = mesh_from_arguments(args)
     t0 = time.perf_counter()
     lm = load_model(

@@ -19,7 +19,9 @@ from maxjax.nn.rotary_embedding import (
     DynamicRotaryEmbedding, LinearScalingParams, Llama3RopeScalingParams, Llama3RotaryEmbedding, LongRoPERotaryEmbedding, LongRoPEScalingParams,
     RotaryEmbedding, YarnRotaryEmbedding, YarnScalingParams,
 )
-from maxjax.nn.transformer import ReturnHiddenStates, ReturnLogits, Transformer, TransformerBlock
+from maxjax.nn.transformer import (
+    FeedForward, PostNormTransformerBlock, ReturnHiddenStates, ReturnLogits, Transformer, TransformerBlock,
+)  # fmt: skip
 from maxjax.nn.kv_cache import KVCacheInputs, KVCacheMetrics, KVCacheParams, build_max_lengths_tensors
 from maxjax.nn.identity import Identity
 from maxjax.nn.layer import MissingLayer, Shardable
@@ -40,4 +42,5 @@ __all__ = [
     "QuantFormat", "ScaleGranularity", "ScaleOrigin", "WeightScaleSpec",
     "Identity", "MissingLayer", "Shardable", "MinPSampler", "RejectionSampler", "RejectionSamplerWithResiduals",
     "MoE", "MoEGate", "forward_moe_sharded_layers", "VocabParallelEmbedding",
+    "FeedForward", "PostNormTransformerBlock",  # maxjax's: encoder pieces MAX keeps inside its BERT architecture
 ]  # fmt: skip

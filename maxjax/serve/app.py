@@ -286,7 +286,8 @@ def _embedding_rows(engine: EncoderEngine, given: Any) -> list[list[int]]:
 
 
 async def _embed(engine: EncoderEngine, rows: list[list[int]], http: HTTPRequest) -> EmbeddingJob:
-    """Submits ``rows`` and waits for the job (the request's timeout is the caller's)."""
+    """Submits ``rows`` and waits for the job; cancels it when the client disconnects (checked
+    every ``DISCONNECT_POLL`` s) or when the engine's ``request_timeout`` passes (504)."""
     loop = asyncio.get_running_loop()
     finished = asyncio.Event()
     try:
@@ -300,7 +301,21 @@ async def _embed(engine: EncoderEngine, rows: list[list[int]], http: HTTPRequest
         raise APIError(503, str(e), type="server_error", code="engine_stopped") from None
     except ValueError as e:
         raise APIError(400, str(e), param="input") from None
-    await finished.wait()
+    deadline = loop.time() + engine.request_timeout
+    try:
+        while not finished.is_set():
+            try:
+                await asyncio.wait_for(finished.wait(), min(DISCONNECT_POLL, max(0.0, deadline - loop.time())))
+            except asyncio.TimeoutError:
+                if loop.time() >= deadline:
+                    engine.cancel(job, "timeout")
+                elif await http.is_disconnected():
+                    engine.cancel(job, "cancelled")
+    finally:
+        engine.cancel(job, "cancelled")  # no-op once ended; frees the queue if this coroutine is cancelled
+    if job.finish_reason in ("timeout", "cancelled"):
+        status, message, type_, code = _ENDED[job.finish_reason]
+        raise APIError(status, message, type=type_, code=code)
     if job.error is not None:
         raise APIError(500, job.error, type="server_error")
     return job

@@ -53,7 +53,9 @@ class EmbeddingJob:
         return sum(len(r) for r in self.rows)
 
     def _finish(self, error: str | None = None) -> None:
-        self.error, self.finish_reason = error, "stop" if error is None else "error"
+        self.error = error
+        if self.finish_reason is None:  # cancel() sets "cancelled" / "timeout" first
+            self.finish_reason = "stop" if error is None else "error"
         self.latency = time.monotonic() - self.submitted
         self.done.set()
         if self.on_done is not None:
@@ -69,16 +71,22 @@ class EncoderEngine:
         max_batch: most rows in one forward pass.
         max_queue: most requests waiting; more are refused with :class:`QueueFull`.
         metrics: a :class:`~maxjax.serve.Metrics` (default: a new one).
+        request_timeout: seconds a request may take from submission to its last row (the HTTP
+            app cancels it past that and answers 504).
 
     Raises:
-        ValueError: ``max_batch`` < 1 or ``max_queue`` < 0.
+        ValueError: ``max_batch`` < 1, ``max_queue`` < 0 or ``request_timeout`` <= 0.
     """
 
-    def __init__(self, encoder: Any, max_batch: int = 32, max_queue: int = 64, metrics: Metrics | None = None):
+    def __init__(self, encoder: Any, max_batch: int = 32, max_queue: int = 64, metrics: Metrics | None = None,
+                 request_timeout: float = 600.0):  # fmt: skip
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         if max_queue < 0:
             raise ValueError(f"max_queue must be at least 0, got {max_queue}")
+        if not request_timeout > 0:
+            raise ValueError(f"request_timeout must be positive (seconds), got {request_timeout}")
+        self.request_timeout = float(request_timeout)
         self.lm = self.encoder = encoder
         self.max_batch, self.max_queue = max_batch, max_queue
         self.context = encoder.head.max_seq_length
@@ -157,6 +165,22 @@ class EncoderEngine:
             self._lock.notify_all()
         return job
 
+    def cancel(self, job: EmbeddingJob, reason: str = "cancelled") -> None:
+        """Ends ``job`` now with ``finish_reason`` ``reason`` (``"cancelled"``: its client went away;
+        ``"timeout"``): its rows not yet taken are never run, and the embeddings of rows in a pass
+        already running are dropped. Does nothing to a job that has ended."""
+        with self._lock:
+            if job.done.is_set():
+                return
+            job.next_row = len(job.rows)  # nothing more is taken
+            try:
+                self._waiting.remove(job)
+            except ValueError:
+                pass  # its last rows are in the running pass
+            self.metrics.queue_depth.set(len(self._waiting))
+            job.finish_reason = reason
+        self._end(job, f"the request was {'cancelled' if reason == 'cancelled' else 'timed out'}")
+
     def embed(self, rows: Sequence[Sequence[int]], timeout: float | None = None) -> np.ndarray:
         """:meth:`submit` and wait: float32 ``[len(rows), dim]``.
 
@@ -211,10 +235,12 @@ class EncoderEngine:
                 self.metrics.prompt_tokens.inc(sum(len(r) for r in rows))
                 k = 0
                 for job, a, b in taken:
-                    job.embeddings[a:b] = emb[k : k + b - a]
                     k += b - a
+                    if job.done.is_set():  # cancelled while its rows ran
+                        continue
+                    job.embeddings[a:b] = emb[k - (b - a) : k]
                     job.rows_done += b - a
-                    if job.rows_done == len(job.rows) and not job.done.is_set():
+                    if job.rows_done == len(job.rows):
                         self._end(job)
                 self.metrics.batch_size.set(0)
         finally:

@@ -26,6 +26,7 @@ def serve_encoder(
     warmup: bool = True,
     shutdown_timeout: float = 30.0,
     log_level: str = "info",
+    request_timeout: float = 600.0,
 ) -> int:
     """Loads the encoder of ``model`` (a sentence-transformers directory; None: the bundled
     all-MiniLM-L6-v2), compiles its shapes (``warmup``), and serves it with uvicorn until SIGINT
@@ -45,7 +46,7 @@ def serve_encoder(
 
     t0 = time.perf_counter()
     encoder = load_encoder(model)
-    engine = EncoderEngine(encoder, max_batch=max_batch, max_queue=max_queue)
+    engine = EncoderEngine(encoder, max_batch=max_batch, max_queue=max_queue, request_timeout=request_timeout)
     say(f"loaded {encoder!r} in {time.perf_counter() - t0:.1f} s")
     if warmup:
         say(f"compiled the encoder's shapes in {engine.warmup():.1f} s")
@@ -74,12 +75,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--served-model-name")
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--shutdown-timeout", type=float, default=30.0)
+    p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--log-level", default="info")
     a = p.parse_args(argv)
     try:
         return serve_encoder(
             a.model, host=a.host, port=a.port, max_batch=a.max_batch, max_queue=a.max_queue,
             served_model_name=a.served_model_name, warmup=a.warmup, shutdown_timeout=a.shutdown_timeout, log_level=a.log_level,
+            request_timeout=a.request_timeout,
         )  # fmt: skip
     except ValueError as e:
         print(f"maxjax serve: error: {' '.join(str(e).split())}", file=sys.stderr)

@@ -3,11 +3,12 @@ assembled from ``maxjax.nn`` layers, with sentence pooling and L2 normalisation.
 
 Layers: :class:`~maxjax.nn.Embedding` (word, position, token type), :class:`~maxjax.nn.LayerNorm`
 (with bias), :class:`~maxjax.nn.MultiheadAttention` (bidirectional, its ``attention_mask=`` for the
-padding), :class:`~maxjax.nn.Linear` and the ``hidden_act`` op (exact erf GELU for BERT). Each
-:class:`BertLayer` is a post-norm block (Devlin et al., 2019; Vaswani et al., 2017)::
+padding), :class:`~maxjax.nn.FeedForward` (``hidden_act``: exact erf GELU for BERT). Each
+:class:`BertLayer` is a :class:`~maxjax.nn.PostNormTransformerBlock` (Devlin et al., 2019; Vaswani
+et al., 2017)::
 
     h   = attention_norm(x + attention(x, mask))
-    out = output_norm(h + output(act(intermediate(h))))
+    out = mlp_norm(h + mlp.down_proj(act(mlp.up_proj(h))))
 
 :class:`BertModel` runs its layers MAX's way: one subgraph built from layer 0 (``build_subgraph``),
 called once per layer with ``ops.call(..., prefix="encoder.layer.{i}.")``; in a graph that chain
@@ -19,7 +20,7 @@ own BERT pipeline (``max/pipelines/architectures/bert/graph.py``) pools the same
 Weight names (maxjax's; :data:`~maxjax.models.bert.weights.BERT_MODULE_NAMES` maps Hugging Face's):
 ``embeddings.{word,position,token_type}_embeddings.weight``, ``embeddings.layer_norm.{weight,bias}``,
 ``encoder.layer.N.attention.{q,k,v,o}_proj.{weight,bias}``, ``encoder.layer.N.attention_norm.*``,
-``encoder.layer.N.intermediate.*``, ``encoder.layer.N.output.*``, ``encoder.layer.N.output_norm.*``.
+``encoder.layer.N.mlp.{up,down}_proj.*``, ``encoder.layer.N.mlp_norm.*``.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ import jax.numpy as jnp
 from maxjax.dtype import DType
 from maxjax.graph import DeviceRef, ops
 from maxjax.models.bert.config import BertConfig, SentenceHead
-from maxjax.nn import Embedding, LayerList, LayerNorm, Linear, Module, MultiheadAttention
-from maxjax.nn.activation import activation_function_from_name
+from maxjax.nn import (
+    Embedding, FeedForward, LayerList, LayerNorm, Module, MultiheadAttention, PostNormTransformerBlock,
+)  # fmt: skip
 
 __all__ = ["BertEmbeddings", "BertLayer", "BertModel", "build_bert"]
 
@@ -73,29 +75,27 @@ class BertEmbeddings(Module):
         return self.layer_norm(h + self.token_type_embeddings(types))
 
 
-class BertLayer(Module):
-    """One post-norm encoder block (see the module docstring).
+class BertLayer(PostNormTransformerBlock):
+    """One BERT encoder block: a :class:`~maxjax.nn.PostNormTransformerBlock` of
+    :class:`~maxjax.nn.MultiheadAttention` (q/k/v/o with biases, bidirectional, padding mask),
+    :class:`~maxjax.nn.FeedForward` (``hidden_act``, exact erf GELU for BERT) and two
+    :class:`~maxjax.nn.LayerNorm` with biases.
 
     ``__call__(x, attention_mask)``: x float ``[batch, seq, hidden]``, attention_mask int32
     ``[batch, seq]`` (1: a token, 0: padding) -> ``[batch, seq, hidden]``.
     """
 
     def __init__(self, config: BertConfig, dtype: DType = DType.float32, device: DeviceRef | None = None):
-        super().__init__()
         device = device or DeviceRef.CPU()
         c = config
-        self.attention = MultiheadAttention(
-            c.num_attention_heads, c.hidden_size, [device], dtype, qkv_has_bias=True, o_proj_has_bias=True
+        super().__init__(
+            attention=MultiheadAttention(
+                c.num_attention_heads, c.hidden_size, [device], dtype, qkv_has_bias=True, o_proj_has_bias=True
+            ),
+            mlp=FeedForward(dtype, device, c.hidden_size, c.intermediate_size, c.hidden_act, has_bias=True),
+            attention_norm=LayerNorm(c.hidden_size, [device], dtype, eps=c.layer_norm_eps, use_bias=True),
+            mlp_norm=LayerNorm(c.hidden_size, [device], dtype, eps=c.layer_norm_eps, use_bias=True),
         )
-        self.attention_norm = LayerNorm(c.hidden_size, [device], dtype, eps=c.layer_norm_eps, use_bias=True)
-        self.intermediate = Linear(c.hidden_size, c.intermediate_size, dtype, device, has_bias=True)
-        self.output = Linear(c.intermediate_size, c.hidden_size, dtype, device, has_bias=True)
-        self.output_norm = LayerNorm(c.hidden_size, [device], dtype, eps=c.layer_norm_eps, use_bias=True)
-        self.act = activation_function_from_name(c.hidden_act)
-
-    def __call__(self, x: Any, attention_mask: Any) -> Any:
-        h = self.attention_norm(x + self.attention(x, attention_mask=attention_mask))  # [b, s, hidden]
-        return self.output_norm(h + self.output(self.act(self.intermediate(h))))  # [b, s, hidden]
 
 
 class BertModel(Module):

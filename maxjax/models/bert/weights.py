@@ -37,9 +37,9 @@ BERT_MODULE_NAMES: NameTable = (
     (_L + r"attention\.self\.value\.(weight|bias)", r"encoder.layer.\1.attention.v_proj.\2"),
     (_L + r"attention\.output\.dense\.(weight|bias)", r"encoder.layer.\1.attention.o_proj.\2"),
     (_L + r"attention\.output\.LayerNorm\.(weight|bias)", r"encoder.layer.\1.attention_norm.\2"),
-    (_L + r"intermediate\.dense\.(weight|bias)", r"encoder.layer.\1.intermediate.\2"),
-    (_L + r"output\.dense\.(weight|bias)", r"encoder.layer.\1.output.\2"),
-    (_L + r"output\.LayerNorm\.(weight|bias)", r"encoder.layer.\1.output_norm.\2"),
+    (_L + r"intermediate\.dense\.(weight|bias)", r"encoder.layer.\1.mlp.up_proj.\2"),
+    (_L + r"output\.dense\.(weight|bias)", r"encoder.layer.\1.mlp.down_proj.\2"),
+    (_L + r"output\.LayerNorm\.(weight|bias)", r"encoder.layer.\1.mlp_norm.\2"),
 )
 
 

@@ -1,10 +1,11 @@
 """``maxjax.nn.transformer`` (MAX's ``max.nn.transformer``): decoder blocks and stacks."""
 
+from maxjax.nn.transformer.post_norm import FeedForward, PostNormTransformerBlock
 from maxjax.nn.transformer.transformer import (
     ReturnHiddenStates, ReturnLogits, Transformer, TransformerBlock, forward_sequential_layers, logits_postprocess,
 )
 
 __all__ = [
-    "ReturnHiddenStates", "ReturnLogits", "Transformer", "TransformerBlock", "forward_sequential_layers",
+    "FeedForward", "PostNormTransformerBlock", "ReturnHiddenStates", "ReturnLogits", "Transformer", "TransformerBlock", "forward_sequential_layers",
     "logits_postprocess",
 ]  # fmt: skip
