@@ -79,6 +79,22 @@ def make_sentences(n: int, model_dir: Path, seed: int = 0) -> list[str]:
     return out
 
 
+def _useful_gflop(texts: list[str], model_dir: Path):
+    """A function of a list of texts -> the mean GFLOP one sentence costs in the encoder, counting
+    only its own tokens (no padding): per layer, per sentence of L tokens, 8 L H^2 (q, k, v, o
+    projections) + 4 L H F (feed-forward) + 4 L^2 H (scores and weighted values)."""
+    from maxjax.models.bert import BertConfig, EncoderTokenizer
+
+    cfg = BertConfig.from_hf_config(json.loads((model_dir / "config.json").read_text()))
+    h, f, n = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    lengths = {t: len(ids) for t, ids in zip(texts, EncoderTokenizer(model_dir / "tokenizer.json", 256).encode_batch(texts))}
+
+    def gflop(subset: list[str]) -> float:
+        return sum(n * (8 * L * h * h + 4 * L * h * f + 4 * L * L * h) for L in map(lengths.get, subset)) / len(subset) / 1e9
+
+    return gflop
+
+
 # -- workers -------------------------------------------------------------------------------------
 def _time_passes(fn, texts: list[str], batch: int, reps: int) -> dict[str, list[float]]:
     """Sentences per wall-clock second and per CPU second (the process's user + system time, all
@@ -93,9 +109,30 @@ def _time_passes(fn, texts: list[str], batch: int, reps: int) -> dict[str, list[
     return {"wall": wall, "cpu": cpu}
 
 
+def _gemm_peak(matmul, make) -> float:
+    """GFLOP/s of one float32 GEMM at the encoder's FFN shape ([1024, 384] x [384, 1536]), the
+    median of 20 calls: this engine's arithmetic bound on the machine."""
+    a, b = make((1024, 384)), make((384, 1536))
+    matmul(a, b)
+    times = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        matmul(a, b)
+        times.append(time.perf_counter() - t0)
+    return 2 * 1024 * 384 * 1536 / statistics.median(times) / 1e9
+
+
 def worker_maxjax(req: dict) -> dict:
     sys.path.insert(0, str(ROOT))
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
     from maxjax.models import load_encoder
+
+    dot = jax.jit(jnp.dot)
+    peak = _gemm_peak(lambda a, b: dot(a, b).block_until_ready(),
+                      lambda shape: jnp.asarray(np.random.default_rng(0).standard_normal(shape), jnp.float32))  # fmt: skip
 
     t0 = time.perf_counter()
     enc = load_encoder(req["model"])
@@ -105,8 +142,7 @@ def worker_maxjax(req: dict) -> dict:
         texts = req["texts"][: req["n1"]] if b == 1 else req["texts"]
         out["rates"][str(b)] = _time_passes(lambda t, bs: enc.embed(t, batch_size=bs), texts, b, req["reps"])
     out["compiles"] = enc.num_compiles
-    import jax
-
+    out["gemm_gflops"] = peak
     out["version"] = f"jax {jax.__version__}"
     return out
 
@@ -116,6 +152,7 @@ def worker_st(req: dict) -> dict:
     from sentence_transformers import SentenceTransformer
 
     torch.set_num_threads(req["threads"])
+    peak = _gemm_peak(torch.mm, lambda shape: torch.randn(shape, dtype=torch.float32))
     t0 = time.perf_counter()
     model = SentenceTransformer(req["model"], device="cpu")
     load_s = time.perf_counter() - t0
@@ -127,6 +164,7 @@ def worker_st(req: dict) -> dict:
             out["rates"][str(b)] = _time_passes(enc, texts, b, req["reps"])
     import sentence_transformers
 
+    out["gemm_gflops"] = peak
     out["version"] = f"torch {torch.__version__}, sentence-transformers {sentence_transformers.__version__}"
     return out
 
@@ -168,6 +206,14 @@ def table(result: dict) -> str:
         goal = 1.0 if b == 1 else 1.5
         lines.append(f"{b:>6} {mm:>14.1f} {ss:>10.1f} {mm / ss:>6.2f}x {'PASS' if mm / ss >= goal else 'FAIL':>6}   "
                      f"{mc:>18.1f} {sc:>14.1f} {mc / sc:>6.2f}x   (goal >= {goal}x)")  # fmt: skip
+    if "gflop_per_sentence" in result:
+        lines.append(f"arithmetic (useful FLOPs of the unpadded tokens; bound = each engine's float32 GEMM at the FFN's "
+                     f"shape: maxjax/XLA {m['gemm_gflops']:.0f}, torch {s['gemm_gflops']:.0f} GFLOP/s):")  # fmt: skip
+        for b in BATCHES:
+            g = result["gflop_per_sentence"][str(b)]
+            mg, sg = med(m, b, "wall") * g, med(s, b, "wall") * g
+            lines.append(f"{b:>6} maxjax {mg:>6.1f} GFLOP/s ({mg / m['gemm_gflops']:>4.0%} of its bound)   "
+                         f"ST {sg:>6.1f} GFLOP/s ({sg / s['gemm_gflops']:>4.0%} of its bound)")  # fmt: skip
     lines.append(f"peak RSS: maxjax {m['peak_rss_mib']:.0f} MiB, sentence-transformers {s['peak_rss_mib']:.0f} MiB "
                  f"(ratio {m['peak_rss_mib'] / s['peak_rss_mib']:.2f}x)")  # fmt: skip
     lines.append(f"load: maxjax {m['load_s']:.1f} s, sentence-transformers {s['load_s']:.1f} s; maxjax compiled "
@@ -231,7 +277,9 @@ def main() -> None:
             "sentence_transformers": _run_worker("st", a.st_python, req, Path(tmp)),
         }
     cpu["cores"] = cores
-    result = {"n": a.n, "n1": a.n1, "reps": a.reps, "cpu": cpu, "engines": engines, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    gflop = _useful_gflop(texts, model_dir)
+    result = {"n": a.n, "n1": a.n1, "reps": a.reps, "cpu": cpu, "engines": engines, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "gflop_per_sentence": {str(b): gflop(texts[: a.n1] if b == 1 else texts) for b in BATCHES}}  # fmt: skip
     RESULTS.mkdir(parents=True, exist_ok=True)
     text = table(result)
     print(text)

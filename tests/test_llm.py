@@ -7,6 +7,7 @@ transformers on PyTorch, float32, on the same GGUF. torch is not needed here.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -149,9 +150,17 @@ def test_weights_take_the_policy_layout_and_nibbles_stay_4_bit_with_the_same_tok
     # a Q4_1 weight takes exactly its bytes in the file: 20 per block of 32 values
     assert down.nbytes == sum(a.nbytes for a in jax.tree.leaves(down)) == lm.config.num_hidden_layers * 576 * 1536 // 32 * 20
     other = "unpacked" if lm.program.quantized_layout == "nibbles" else "nibbles"
-    assert cli_main(["generate", "--quantized-layout", other, "--max-new-tokens", "8", "The quick brown fox"]) == 0
-    out, _ = capsys.readouterr()
+    assert cli_main(["generate", "--quantized-layout", other, "--max-new-tokens", "8", "--verbose", "The quick brown fox"]) == 0
+    out, err = capsys.readouterr()
     assert out.startswith(" with a quick brown bear.")
+    # --verbose: the peak resident set and its measured parts, which add up to it
+    m = re.search(r"\[memory: peak RSS ([\d,]+) MB = weights ([\d,]+) MB \(quantized layout (\w+)\) \+ KV cache ([\d,]+) MB "
+                  r"\+ before loading ([\d,]+) MB .* \+ rest (-?[\d,]+) MB", err)  # fmt: skip
+    assert m, err
+    peak, weights, layout, kv, before, rest = (int(v.replace(",", "")) if v[0].isdigit() or v[0] == "-" else v for v in m.groups())
+    assert layout == other and abs(peak - (weights + kv + before + rest)) <= 2  # MB rounding
+    nib_mb = sum(a.nbytes for a in jax.tree.leaves(nib.state)) / 1e6
+    assert kv > 0 and (abs(weights - nib_mb) <= 1 if other == "nibbles" else weights > nib_mb)  # unpacked: one byte a value
 
 
 @pytest.mark.parametrize(

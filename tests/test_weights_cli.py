@@ -96,3 +96,24 @@ def test_usage_errors_and_subcommand_registry(capsys):
     with pytest.raises(SystemExit) as info:
         main(["inspect"])
     assert info.value.code == 2
+
+
+def test_inspect_gives_the_memory_plan_of_a_model(capsys):
+    import os
+
+    from maxjax.backend import policy_for
+    from maxjax.models.loading import memory_plan
+
+    path = str(smollm2_gguf_path())
+    assert main(["inspect", "--json", "--filter", "^$", path]) == 0
+    plan = json.loads(capsys.readouterr().out)["memory_plan"]
+    assert plan["file"] == os.path.getsize(path) and plan["layout"] == policy_for(None).quantized_layout
+    # SmolLM2: 30 blocks, 3 KV heads of 64, float32 keys and values
+    assert plan["kv_cache"] == 2 * 30 * 3 * 64 * plan["kv_tokens"] * 4
+    assert plan["total"] == plan["weights"] + plan["kv_cache"] and plan["weights"] == memory_plan(path)["weights"]
+    assert main(["inspect", "--no-metadata", "--filter", "^$", path]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"to run: weights {plan['weights'] / 1e6:.2f} MB in their run-time layout ({plan['layout']} for quantized tensors)" in out
+    # a checkpoint that is not a model has no plan
+    assert main(["inspect", "--json", str(minilm_dir() / "model.safetensors")]) == 0
+    assert json.loads(capsys.readouterr().out)["memory_plan"] is None

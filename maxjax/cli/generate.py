@@ -51,6 +51,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         "file's blocks; slow on CPU), dequantized (float32)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar while weights load")
+    p.add_argument(
+        "--verbose", action="store_true",
+        help="also print where the process's memory went (weights in their run-time layout, KV cache, the rest)",
+    )  # fmt: skip
     add_mesh_arguments(p)
     _one_line_usage_errors(p)
 
@@ -95,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     mesh = mesh_from_arguments(args)
     from maxjax.models import load_model
 
+    rss_before_load = _rss_bytes()
     t0 = time.perf_counter()
     lm = load_model(
         args.model,
@@ -136,4 +141,39 @@ def run(args: argparse.Namespace) -> int:
         + f"load {load_s:.1f} s{read}]",
         file=sys.stderr,
     )
+    if args.verbose:
+        print(memory_report(lm, g, rss_before_load), file=sys.stderr)
     return 0
+
+
+def _rss_bytes() -> int:
+    """This process's resident set now (Linux ``/proc/self/statm``; elsewhere its peak so far)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def memory_report(lm: Any, generation: Any, rss_before_load: int) -> str:
+    """One line: the process's peak resident set and its parts in MB, from what is measured
+    (``ru_maxrss``, the weights' and the KV cache's array bytes, the resident set before loading);
+    the rest is JAX's runtime, XLA's compiled programs and their temporary buffers, and host copies."""
+    import resource
+
+    import jax
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    weights = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree_util.tree_leaves(lm.state))
+    kv = generation.kv_cache_bytes
+    rest = peak - weights - kv - rss_before_load
+    layout = getattr(lm.program, "quantized_layout", None)
+    mb = lambda n: f"{n / 1e6:,.0f} MB"  # noqa: E731
+    return (
+        f"[memory: peak RSS {mb(peak)} = weights {mb(weights)}"
+        + (f" (quantized layout {layout})" if layout else "")
+        + f" + KV cache {mb(kv)} + before loading {mb(rss_before_load)} (Python, maxjax, JAX) + rest {mb(rest)} "
+        "(JAX runtime, compiled programs and their buffers, host copies)]"
+    )

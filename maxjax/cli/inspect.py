@@ -159,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
                         {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "encoding": t.encoding, "bytes": t.nbytes}
                         for t in tensors
                     ],
+                    "memory_plan": _memory_plan(path),
                 }
             )
         print(json.dumps(out if len(out) > 1 else out[0], indent=1))
@@ -188,4 +189,33 @@ def run(args: argparse.Namespace) -> int:
         shown = sum(t.nbytes for t in tensors)
         files = f"; file(s) {_human(size)}" if size else ""
         console.print(f"{len(tensors)} tensor(s) shown, {_human(shown)} of tensor data{files}")
+        plan = _memory_plan(path)
+        if plan is not None:
+            console.print(
+                f"to run: weights {_human(plan['weights'])} in their run-time layout "
+                f"({plan['layout']} for quantized tensors), KV cache {_human(plan['kv_cache'])} for {plan['kv_tokens']:,} "
+                f"tokens at batch 1, {_human(plan['total'])} in all, "
+                + (f"{_human(plan['available'])} available" if plan.get("available") is not None else "free memory unknown")
+            )
     return 0
+
+
+def _memory_plan(path: str) -> dict[str, Any] | None:
+    """:func:`maxjax.models.loading.memory_plan` of a model (a ``.gguf`` file or a directory with a
+    ``config.json``) with the memory available beside it; None for other checkpoints or a model it
+    cannot plan (the loader's checks name the fault)."""
+    from pathlib import Path
+
+    from maxjax.models.loading import available_memory, memory_plan
+
+    p = Path(path)
+    if not (p.suffix == ".gguf" and p.is_file() or (p / "config.json").is_file()):
+        return None
+    try:
+        plan = memory_plan(p)
+    except (ValueError, OSError):
+        return None
+    if plan is not None:
+        avail = available_memory()
+        plan["available"] = avail[0] if avail else None
+    return plan

@@ -41,7 +41,9 @@ class Generation:
     ``time_to_first_token`` is seconds from the start of the batch to its first sampled token
     (compiling the prefill, when this shape is new, included); ``decode_seconds`` is the time spent
     in decode steps after that, less ``compile_seconds`` of them; ``compile_seconds`` is the time
-    this call spent compiling (0 once every shape it needs has been compiled).
+    this call spent compiling (0 once every shape it needs has been compiled). ``kv_cache_bytes``
+    is the size of the batch's key and value caches (sized by the request: the prompt's bucket plus
+    ``max_new_tokens``, rounded up, never past the context).
     """
 
     prompt: str
@@ -52,6 +54,7 @@ class Generation:
     time_to_first_token: float = 0.0
     decode_seconds: float = 0.0
     compile_seconds: float = 0.0
+    kv_cache_bytes: int = 0
 
     @property
     def tokens_per_second(self) -> float:
@@ -140,7 +143,8 @@ def run_generation(
     # decode step's on the device (_finite_rows, compiled with the first decode step)
     finite = np.isfinite(np.asarray(logits)).all(axis=-1)
     eos = lm.tokenizer.eos_token_ids if stop_at_eos else frozenset()
-    results = [Generation(p, i) for p, i in zip(prompts, ids)]
+    kv_bytes = int(k_cache.nbytes + v_cache.nbytes)
+    results = [Generation(p, i, kv_cache_bytes=kv_bytes) for p, i in zip(prompts, ids)]
     done = np.zeros(b, bool)
     positions = lengths.copy()
 
