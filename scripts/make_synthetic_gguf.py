@@ -314,8 +314,8 @@ def _hf_name(gguf_name: str) -> str:
 def write_safetensors(shape: str, out: Path, *, seed: int = 0, verbose: bool = True, dtype: str = "bfloat16") -> Path:
     """Writes a Hugging Face directory (``model.safetensors`` in ``dtype``, ``config.json``, tokenizer).
 
-    ``dtype``: ``"bfloat16"`` (as the models are published) or ``"float32"`` (maxjax's llama
-    loads float32 safetensors only, for now).
+    ``dtype``: ``"bfloat16"`` (as the models are published; maxjax's llama widens it to float32
+    as it loads) or ``"float32"``.
     """
     import ml_dtypes
 
@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="the file (gguf) or directory (safetensors); default: in --cache")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"cache directory (default {DEFAULT_CACHE}; $MAXJAX_SYNTHETIC_DIR)")
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
-                    help="safetensors dtype (maxjax's llama loads float32 safetensors only, for now)")
+                    help="safetensors dtype (bfloat16 as published; maxjax widens it to float32 on load)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rope-freqs", action="store_true", help="write Llama 3's rope_freqs.weight (maxjax refuses it for now)")
     ap.add_argument("--force", action="store_true", help="write even if the file exists")

@@ -19,6 +19,7 @@ import pytest
 
 import llama_files as L
 from maxjax.cli import main as cli_main
+from maxjax.dtype import DType
 from maxjax.models import load_model, registry
 from maxjax.models.generation import NonFiniteLogitsError
 from maxjax.models.llama import LlamaConfig
@@ -194,7 +195,7 @@ def test_hugging_face_tensors_are_checked(tmp_path, no_build):
     _refused(_hf(tmp_path, tensors=t, name="a"), r"model\.safetensors: tensor model\.layers\.0\.input_layernorm\.weight holds 1 non-finite value\(s\) \(inf at index 3\)")
     t = L.hf_tensors()
     t["model.layers.1.self_attn.k_proj.weight"] = t["model.layers.1.self_attn.k_proj.weight"].astype(np.int32)
-    _refused(_hf(tmp_path, tensors=t, name="b"), r"tensor model\.layers\.1\.self_attn\.k_proj\.weight is int32; maxjax's llama takes float32 weights only")
+    _refused(_hf(tmp_path, tensors=t, name="b"), r"tensor model\.layers\.1\.self_attn\.k_proj\.weight is int32; maxjax's llama takes float32, bfloat16, float16 weights")
     t = L.hf_tensors()
     t["model.layers.0.mlp.gate_proj.bias"] = np.zeros(96, np.float32)
     _refused(_hf(tmp_path, tensors=t, name="c"), r"tensor model\.layers\.0\.mlp\.gate_proj\.bias is not a llama tensor")
@@ -270,3 +271,29 @@ def test_the_synthetic_model_round_trips_its_config(tmp_path):
     assert dataclasses.replace(gguf_config, rms_norm_eps=L.RMS_EPS) == hf_config == LlamaConfig(**L.CONFIG)
     defaults = {k: v for k, v in L.hf_config().items() if k not in ("head_dim", "num_key_value_heads", "rope_theta", "rms_norm_eps")}
     assert LlamaConfig.from_hf_config(defaults) == LlamaConfig(**{**L.CONFIG, "num_key_value_heads": L.HEADS, "rms_norm_eps": 1e-6})
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_low_precision_hugging_face_weights_widen_on_read_to_the_same_model(tmp_path, dtype):
+    """A bfloat16/float16 checkpoint loads as float32 (each tensor converted in its one copy out of
+    the map): the same logits, bit for bit, as a float32 checkpoint of the same rounded values."""
+    import jax
+    import ml_dtypes
+
+    from maxjax.graph.weights.lazy import LazyTensor
+    from maxjax.models import checkpoint
+
+    low = {k: v.astype(getattr(ml_dtypes, dtype) if dtype == "bfloat16" else np.float16) for k, v in L.hf_tensors().items()}
+    narrow = _hf(tmp_path, tensors=low, name="narrow")
+    wide = _hf(tmp_path, tensors={k: v.astype(np.float32) for k, v in low.items()}, name="wide")
+    _, _, state = checkpoint.open_hf_checkpoint(narrow, lazy=True)
+    w = state["layers.1.mlp.down_proj.weight"]
+    assert w.dtype == DType.float32 and isinstance(w.data, LazyTensor) and w.data.stored_dtype.itemsize == 2
+    np.testing.assert_array_equal(np.asarray(w.data), low["model.layers.1.mlp.down_proj.weight"].astype(np.float32))
+    a, b = load_model(narrow), load_model(wide)
+    assert all(x.dtype == np.float32 for x in jax.tree.leaves(a.state))
+    tokens = np.array([[3, 9, 4, 17, 2]], np.int32)
+    la = a.prefill(tokens, [5], *a.new_cache(1, 16))[1]
+    lb = b.prefill(tokens, [5], *b.new_cache(1, 16))[1]
+    np.testing.assert_array_equal(np.asarray(la), np.asarray(lb))
+    assert a.generate(["the"], 6)[0].token_ids == b.generate(["the"], 6)[0].token_ids

@@ -198,7 +198,7 @@ class CausalLM:
         """
         from maxjax.tokenizer import Tokenizer
 
-        arch, config, state = checkpoint.open_hf_checkpoint(directory)
+        arch, config, state = checkpoint.open_hf_checkpoint(directory, lazy=True)  # read once, when placed
         tokenizer = Tokenizer.from_pretrained_dir(Path(directory))
         module = checkpoint.build(arch, config, state, dtype, quantized=False)
         return cls(module, config, tokenizer, dtype, progress, str(directory), quantized_layout, policy, mesh, mesh_axes)

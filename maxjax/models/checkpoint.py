@@ -38,9 +38,12 @@ def open_gguf_checkpoint(path: str | os.PathLike[str], *, lazy: bool = False) ->
     return arch, config, weights
 
 
-def open_hf_checkpoint(directory: str | os.PathLike[str]) -> tuple[Architecture, Any, dict[str, Any]]:
+def open_hf_checkpoint(directory: str | os.PathLike[str], *, lazy: bool = False) -> tuple[Architecture, Any, dict[str, Any]]:
     """``(architecture, config, state)`` of a Hugging Face model directory (``config.json``,
     ``*.safetensors``), the tensors checked against the config.
+
+    ``lazy``: tensors are read from the map when placed (one copy, converted on the way where the
+    architecture widens them, e.g. bfloat16 to float32), not when opened.
 
     Raises:
         ValueError: a missing or bad ``config.json``, no safetensors, an unsupported architecture,
@@ -58,7 +61,7 @@ def open_hf_checkpoint(directory: str | os.PathLike[str]) -> tuple[Architecture,
     files = sorted(str(p) for p in d.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{d}: no *.safetensors files")
-    return arch, config, arch.weights_from_hf(load_weights(files), config)  # checks the tensors against the config
+    return arch, config, arch.weights_from_hf(load_weights(files, lazy=lazy), config)  # checks the tensors against the config
 
 
 def build(arch: Architecture, config: Any, state: dict[str, Any], dtype: DType = DType.float32, *, quantized: bool) -> Any:
@@ -76,7 +79,7 @@ def module_from_gguf(path: str | os.PathLike[str], dtype: DType = DType.float32,
     return build(arch, config, arch.weights_from_gguf(weights, config), dtype, quantized=True), config, weights
 
 
-def module_from_pretrained_dir(directory: str | os.PathLike[str], dtype: DType = DType.float32) -> tuple[Any, Any]:
+def module_from_pretrained_dir(directory: str | os.PathLike[str], dtype: DType = DType.float32, *, lazy: bool = False) -> tuple[Any, Any]:
     """``(module, config)``: :func:`open_hf_checkpoint` and the module built with its weights."""
-    arch, config, state = open_hf_checkpoint(directory)
+    arch, config, state = open_hf_checkpoint(directory, lazy=lazy)
     return build(arch, config, state, dtype, quantized=False), config

@@ -47,14 +47,18 @@ class LazyTensor:
         dtype: the stored NumPy dtype.
         shape: the stored shape (rank 1 or 2).
         rows: a row order over the stored rows (None: as stored).
+        as_dtype: the dtype it is read as (converted while it is copied out of the map, e.g.
+            bfloat16 widened to float32); None: ``dtype``. ``.dtype`` is this one.
     """
 
-    __slots__ = ("mapped", "offset", "dtype", "_stored_shape", "rows")
+    __slots__ = ("mapped", "offset", "dtype", "stored_dtype", "_stored_shape", "rows")
 
-    def __init__(self, mapped: MappedFile, offset: int, dtype: Any, shape: tuple[int, ...], rows: np.ndarray | None = None):
+    def __init__(self, mapped: MappedFile, offset: int, dtype: Any, shape: tuple[int, ...], rows: np.ndarray | None = None,
+                 as_dtype: Any = None):  # fmt: skip
         if len(shape) not in (1, 2):
             raise ValueError(f"LazyTensor reads rank-1 and rank-2 tensors, got shape {shape}")
-        self.mapped, self.offset, self.dtype = mapped, int(offset), np.dtype(dtype)
+        self.mapped, self.offset, self.stored_dtype = mapped, int(offset), np.dtype(dtype)
+        self.dtype = self.stored_dtype if as_dtype is None else np.dtype(as_dtype)
         self._stored_shape = tuple(int(d) for d in shape)
         self.rows = None if rows is None else np.asarray(rows, np.int64)
 
@@ -75,11 +79,23 @@ class LazyTensor:
         """The tensor with its rows in the order ``index`` (nothing is read)."""
         index = np.asarray(index, np.int64)
         rows = index if self.rows is None else self.rows[index]
-        return LazyTensor(self.mapped, self.offset, self.dtype, self._stored_shape, rows)
+        return LazyTensor(self.mapped, self.offset, self.stored_dtype, self._stored_shape, rows, self.dtype)
+
+    def cast_on_read(self, dtype: Any) -> "LazyTensor":
+        """The tensor read as ``dtype`` (nothing is read now; each read converts as it copies).
+
+        Raises:
+            ValueError: ``dtype`` is not a float dtype at least as wide as the stored one (only
+                widening conversions, which lose nothing, are done on read).
+        """
+        dtype = np.dtype(dtype)
+        if dtype.kind != "f" or self.stored_dtype.kind not in "fV" or dtype.itemsize < self.stored_dtype.itemsize:
+            raise ValueError(f"cast_on_read: {self.stored_dtype} -> {dtype} is not a widening float conversion")
+        return LazyTensor(self.mapped, self.offset, self.stored_dtype, self._stored_shape, self.rows, dtype)
 
     def _stored(self) -> np.ndarray:
-        n = int(np.prod(self._stored_shape)) * self.dtype.itemsize
-        return self.mapped.view(self.offset, n).view(self.dtype).reshape(self._stored_shape)
+        n = int(np.prod(self._stored_shape)) * self.stored_dtype.itemsize
+        return self.mapped.view(self.offset, n).view(self.stored_dtype).reshape(self._stored_shape)
 
     def __getitem__(self, idx: Any) -> np.ndarray:
         if not isinstance(idx, tuple):
@@ -87,9 +103,9 @@ class LazyTensor:
         rows, rest = idx[0], idx[1:]
         if self.rows is not None:
             rows = self.rows[rows]
-        out = np.array(self._stored()[(rows, *rest)])  # copies only what is selected
+        out = np.array(self._stored()[(rows, *rest)], dtype=self.dtype)  # copies (and converts) only what is selected
         with _LOCK:
-            _READ[self.mapped.path] = _READ.get(self.mapped.path, 0) + out.nbytes
+            _READ[self.mapped.path] = _READ.get(self.mapped.path, 0) + out.size * self.stored_dtype.itemsize
         return out
 
     def read_into(self, out: np.ndarray) -> np.ndarray:
@@ -104,12 +120,16 @@ class LazyTensor:
             raise ValueError(f"read_into: out is {out.dtype}{list(out.shape)}, the tensor is {self.dtype}{list(self.shape)}")
         stored = self._stored()
         if self.rows is None:
-            np.copyto(out, stored)
-        else:
+            np.copyto(out, stored, casting="same_kind")  # a widening cast_on_read converts here, in the one copy
+        elif self.stored_dtype == self.dtype:
             np.take(stored, self.rows, axis=0, out=out)
+        else:
+            for i, r in enumerate(self.rows):
+                np.copyto(out[i], stored[r], casting="same_kind")
+        nbytes = int(np.prod(self._stored_shape)) * self.stored_dtype.itemsize
         with _LOCK:
-            _READ[self.mapped.path] = _READ.get(self.mapped.path, 0) + out.nbytes
-        self.mapped.release(self.offset, int(np.prod(self._stored_shape)) * self.dtype.itemsize)
+            _READ[self.mapped.path] = _READ.get(self.mapped.path, 0) + int(np.prod(self.shape)) * self.stored_dtype.itemsize
+        self.mapped.release(self.offset, nbytes)
         return out
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
@@ -121,7 +141,8 @@ class LazyTensor:
         return self[:]
 
     def __repr__(self) -> str:
-        return f"LazyTensor({self.dtype}, {list(self.shape)}, {self.mapped.path}@{self.offset})"
+        cast = "" if self.dtype == self.stored_dtype else f" read as {self.dtype}"
+        return f"LazyTensor({self.stored_dtype}{cast}, {list(self.shape)}, {self.mapped.path}@{self.offset})"
 
 
 def host_indexable(value: Any) -> Any:

@@ -30,6 +30,7 @@ from maxjax.dtype import DType
 from maxjax.graph.type import DeviceRef, Shape
 from maxjax.graph.weight import Weight
 from maxjax.graph.weights._host import MappedFile, to_device
+from maxjax.graph.weights.lazy import LazyTensor
 from maxjax.graph.weights.errors import WeightsFileError
 from maxjax.graph.weights.protocol import HierarchicalWeights, WeightsStore
 from maxjax.graph.weights.summary import TensorInfo
@@ -278,6 +279,7 @@ class SafetensorsStore(WeightsStore):
         tensors_to_file_idx: Mapping[str, int] | None = None,
         allocated: dict[str, Any] | None = None,
         zero_copy: bool = False,
+        lazy: bool = False,
     ):
         super().__init__(allocated)
         if isinstance(filepaths, (str, os.PathLike)):
@@ -286,6 +288,7 @@ class SafetensorsStore(WeightsStore):
         if not paths:
             raise ValueError("SafetensorWeights needs at least one file")
         self.zero_copy = zero_copy
+        self.lazy = lazy
         self.files: list[_File] = []
         self.entries: dict[str, _Entry] = {}
         try:
@@ -363,6 +366,8 @@ class SafetensorsStore(WeightsStore):
             dtype = DType.uint8
         else:
             np_dtype, shape = dtype.to_numpy().newbyteorder("<"), e.shape
+        if self.lazy and len(shape) in (1, 2) and np_dtype.isnative and dtype is not DType.bool:
+            return WeightData(LazyTensor(f.mapped, e.begin, np_dtype, tuple(shape)), name, dtype, Shape(shape))
         data = to_device(f.mapped, e.begin, np_dtype, shape, zero_copy=self.zero_copy)
         return WeightData(_wrap_loaded(data), name, dtype, Shape(shape))
 
@@ -409,6 +414,9 @@ class SafetensorWeights(HierarchicalWeights):
         allocated: the dict that collects allocated data (shared by every view).
         zero_copy: on the CPU, let arrays alias the mapped file instead of copying it (see
             :mod:`maxjax.graph.weights._host`: faster, but the file must then stay unchanged).
+        lazy: ``data()`` gives rank-1 and rank-2 tensors as a
+            :class:`~maxjax.graph.weights.lazy.LazyTensor` (read when placed, straight from the
+            map, and convertible on read with ``cast_on_read``; the file must stay unchanged).
 
     ``data()`` gives the tensor as stored (any safetensors dtype maxjax has a ``DType`` for:
     bool, all ints, float16/32/64, bfloat16, the float8 kinds) in a ``WeightData`` whose ``data``
@@ -432,6 +440,7 @@ class SafetensorWeights(HierarchicalWeights):
         prefix: str = "",
         allocated: dict[str, Any] | None = None,
         zero_copy: bool = False,
+        lazy: bool = False,
     ):
         store = SafetensorsStore(
             filepaths,
@@ -439,6 +448,7 @@ class SafetensorWeights(HierarchicalWeights):
             tensors_to_file_idx=tensors_to_file_idx,
             allocated=allocated,
             zero_copy=zero_copy,
+            lazy=lazy,
         )
         super().__init__(store, prefix)
 

@@ -203,6 +203,26 @@ def _non_finite(values: np.ndarray) -> str | None:
     return f"holds {bad.size} non-finite value(s) ({values.reshape(-1)[bad[0]]} at index {int(bad[0])})"
 
 
+#: Hugging Face tensor dtypes the llama takes (its weights are float32: the others widen on load).
+HF_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def widen_to_float32(wd: Any) -> Any:
+    """A bfloat16/float16 WeightData as float32: a :class:`~maxjax.graph.weights.lazy.LazyTensor`
+    is converted as it is read (``cast_on_read``, no copy now); other data now (``astype``).
+    Other dtypes are returned as they are."""
+    from maxjax.dtype import DType
+    from maxjax.graph.weights import WeightData
+    from maxjax.graph.weights.lazy import LazyTensor
+
+    if wd.dtype not in (DType.bfloat16, DType.float16):
+        return wd
+    if isinstance(wd.data, LazyTensor):
+        return WeightData(wd.data.cast_on_read(np.float32), wd.name, DType.float32, wd.shape)
+    return wd.astype(DType.float32)
+
+
 def _gguf_type_ok(kind: str, qtype: Any) -> bool:
     """Whether the llama module takes a GGUF tensor of this type: F32 (its weights are float32;
     F16/BF16 are not converted), or for a matrix a quantized type maxjax reads (kept packed)."""
@@ -404,11 +424,14 @@ def check_hf_tensors(weights: Any, config: Any) -> None:
     for name, (kind, dims) in expect.items():
         info = by_name[name]
         _check_shape(info.file, name, tuple(info.shape), dims, values, _HF_LABELS)
-        if info.dtype != "float32":  # the module's weights are float32; others are not converted
-            raise ValueError(f"{info.file}: tensor {name} is {info.dtype}; maxjax's llama takes float32 weights only")
+        if info.dtype not in HF_FLOAT_DTYPES:  # the module's weights are float32; narrower floats are widened
+            raise ValueError(
+                f"{info.file}: tensor {name} is {info.dtype}; maxjax's llama takes {', '.join(HF_FLOAT_DTYPES)} weights "
+                "(bfloat16 and float16 are widened to float32 as they load)"
+            )
     from maxjax.models.loading import check_fits_in_memory
 
-    check_fits_in_memory(sum(i.nbytes for i in infos), ", ".join(files))
+    check_fits_in_memory(sum(i.nbytes * 4 // max(1, _ITEMSIZE.get(i.dtype, 4)) for i in infos), ", ".join(files))
     for name, (kind, _) in expect.items():
         if kind == "norm":
             bad = _non_finite(np.asarray(weights[name].data().to_numpy()))
