@@ -20,6 +20,8 @@ from maxjax.nn.rotary_embedding import (
     RotaryEmbedding, YarnRotaryEmbedding, YarnScalingParams,
 )
 from maxjax.nn.transformer import ReturnHiddenStates, ReturnLogits, Transformer, TransformerBlock
+from maxjax.nn.transformer import DistributedTransformer, DistributedTransformerBlock
+from maxjax.nn.attention import TensorParallelAttentionWithRope
 from maxjax.nn.kv_cache import KVCacheInputs, KVCacheMetrics, KVCacheParams, build_max_lengths_tensors
 from maxjax.nn.identity import Identity
 from maxjax.nn.layer import MissingLayer, Shardable
@@ -40,4 +42,5 @@ __all__ = [
     "QuantFormat", "ScaleGranularity", "ScaleOrigin", "WeightScaleSpec",
     "Identity", "MissingLayer", "Shardable", "MinPSampler", "RejectionSampler", "RejectionSamplerWithResiduals",
     "MoE", "MoEGate", "forward_moe_sharded_layers", "VocabParallelEmbedding",
+    "DistributedTransformer", "DistributedTransformerBlock", "TensorParallelAttentionWithRope",
 ]  # fmt: skip

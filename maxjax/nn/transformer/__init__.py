@@ -3,8 +3,12 @@
 from maxjax.nn.transformer.transformer import (
     ReturnHiddenStates, ReturnLogits, Transformer, TransformerBlock, forward_sequential_layers, logits_postprocess,
 )
+from maxjax.nn.transformer.distributed_transformer import (
+    DistributedLogitsPostprocessMixin, DistributedTransformer, DistributedTransformerBlock, distributed_logits_postprocess,
+)
 
 __all__ = [
     "ReturnHiddenStates", "ReturnLogits", "Transformer", "TransformerBlock", "forward_sequential_layers",
     "logits_postprocess",
+    "DistributedLogitsPostprocessMixin", "DistributedTransformer", "DistributedTransformerBlock", "distributed_logits_postprocess",
 ]  # fmt: skip
