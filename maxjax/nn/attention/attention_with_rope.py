@@ -517,6 +517,20 @@ class GPTQAttentionWithRope(AttentionWithRope):
         return proj.out_dim // self.head_dim
 
 
+def _place_on_devices(module: Module, devices: Sequence[DeviceRef]) -> None:
+    """Places ``module``'s weights on a mesh of ``devices`` (axis ``"tp"``), each split by its
+    sharding strategy (replicated without one), so device ``i`` holds MAX's shard ``i``
+    (``Module.to(mesh)``; as :class:`~maxjax.nn.VocabParallelEmbedding` places its table). One
+    device: nothing to do. Every weight of a per-device program then lives on the same devices,
+    which one compiled program (graph or functional mode) needs."""
+    if len(devices) < 2:
+        return
+    from jax.sharding import AxisType, Mesh
+
+    grid = np.asarray([DeviceRef.from_device(d).to_device().jax_device for d in devices], dtype=object)
+    module.to(Mesh(grid, ("tp",), axis_types=(AxisType.Auto,)), axis="tp")
+
+
 class TensorParallelAttentionWithRope(AttentionWithRope, DistributedAttentionImpl):
     """MAX's ``TensorParallelAttentionWithRope``: an :class:`AttentionWithRope` whose heads are
     split over ``devices`` and which is called in MAX's per-device style (one input, KV collection,
@@ -601,6 +615,7 @@ class TensorParallelAttentionWithRope(AttentionWithRope, DistributedAttentionImp
         self.allreduce = Allreduce(len(self.devices))
         self.sharding_strategy = ShardingStrategy.tensor_parallel(len(self.devices))
         self.list_of_attentions = self.shard(self.devices)
+        _place_on_devices(self, self.devices)
 
     def shard(self, devices: Sequence[DeviceRef]) -> list[AttentionWithRope]:
         """:meth:`AttentionWithRope.shard`, giving plain single-device :class:`AttentionWithRope`

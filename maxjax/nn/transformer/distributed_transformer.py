@@ -19,6 +19,7 @@ from maxjax.dtype import DType
 from maxjax.graph import ops
 from maxjax.graph.sharding import ShardingStrategy
 from maxjax.graph.type import DeviceRef
+from maxjax.nn.attention.attention_with_rope import _place_on_devices
 from maxjax.nn.comm import Allreduce
 from maxjax.nn.layer import LayerList, Module
 from maxjax.nn.transformer.transformer import ReturnHiddenStates, ReturnLogits, forward_sequential_layers
@@ -177,6 +178,7 @@ class DistributedTransformerBlock(Module):
         self.post_attention_layernorm_shards = _shard_replicated(mlp_norm, devices)
         self.devices = devices
         self.allreduce = Allreduce(num_accelerators=len(devices))
+        _place_on_devices(self, devices)
 
     def __call__(
         self,
@@ -207,8 +209,10 @@ class DistributedTransformer(DistributedLogitsPostprocessMixin, Module):
         ``norm`` (replicated on each device), ``output`` (a
         :class:`~maxjax.nn.linear.ColumnParallelLinear`), ``embedding`` (a
         :class:`~maxjax.nn.embedding.VocabParallelEmbedding`), ``kv_params``, ``devices``, ``rope``,
-        ``return_logits``, ``use_subgraphs``, ``subgraph_layer_groups`` (default: all layers in one
-        group), ``logits_scaling``.
+        ``return_logits``, ``use_subgraphs`` (False only), ``subgraph_layer_groups`` (default: all
+        layers in one group; kept, unused without subgraphs), ``logits_scaling``. With more than one
+        device every weight is placed at construction on a mesh of ``devices`` (axis ``"tp"``),
+        split by its sharding strategy, so device ``i`` holds MAX's shard ``i``.
 
     ``__call__(tokens, signal_buffers, kv_collections, return_n_logits, input_row_offsets)``:
         tokens int ``[total_seq_len]``; one signal buffer and one paged
@@ -219,7 +223,7 @@ class DistributedTransformer(DistributedLogitsPostprocessMixin, Module):
 
     Raises:
         ValueError: (call) not one signal buffer / KV collection per device.
-        NotImplementedError: ``return_logits=VARIABLE`` (at the call).
+        NotImplementedError: ``use_subgraphs=True``; ``return_logits=VARIABLE`` (at the call).
     """
 
     def __init__(
@@ -238,6 +242,11 @@ class DistributedTransformer(DistributedLogitsPostprocessMixin, Module):
         subgraph_layer_groups: list[list[int]] | None = None,
         logits_scaling: float = 1.0,
     ) -> None:
+        if use_subgraphs:
+            raise NotImplementedError(
+                "DistributedTransformer(use_subgraphs=True): maxjax builds no subgraph of a per-device block (its "
+                "per-device KV-cache collections are not subgraph input types); use use_subgraphs=False"
+            )
         super().__init__()
         self.dim, self.n_heads = dim, n_heads
         self.layers = LayerList(layers)
@@ -254,6 +263,7 @@ class DistributedTransformer(DistributedLogitsPostprocessMixin, Module):
             subgraph_layer_groups = [list(range(len(layers)))]
         self.subgraph_layer_groups = subgraph_layer_groups
         self.logits_scaling = logits_scaling
+        _place_on_devices(self, devices)
 
     def __call__(
         self,
