@@ -195,17 +195,25 @@ def _shape(w):
     return str([int(d) for d in w.shape])
 
 
-def test_the_attention_alone_equals_attention_with_rope_and_splits_heads_as_max(models):
+@pytest.mark.parametrize("options", [{}, {"use_qk_norm": True, "has_bias": True}])
+def test_the_attention_alone_equals_attention_with_rope_and_splits_heads_as_max(options):
     """One TP attention layer against the single-device layer holding the same weights, over a
     ragged step of per-device paged caches; its keys and shard shapes against MAX's."""
     rope = _rope()
-    single = nn.AttentionWithRope(**_attn_kw(rope), kv_params=_kv(DEVS[:1]))
-    tp = nn.TensorParallelAttentionWithRope(**_attn_kw(rope), kv_params=_kv(DEVS), devices=DEVS)
-    assert sorted(tp.raw_state_dict()) == list(REF["tp_attn.keys"]) == list(REF["attn.keys"])
-    shapes = {k: _shape(v) for k, v in tp.raw_state_dict().items()}
-    assert [shapes[k] for k in REF["tp_attn.keys"]] == list(REF["tp_attn.shapes"])
+    single = nn.AttentionWithRope(**_attn_kw(rope), kv_params=_kv(DEVS[:1]), **options)
+    tp = nn.TensorParallelAttentionWithRope(**_attn_kw(rope), kv_params=_kv(DEVS), devices=DEVS, **options)
+    assert sorted(tp.raw_state_dict()) == sorted(single.raw_state_dict())
+    if options:  # q/k/v biases split with their rows, the q/k norms replicated
+        assert {"q_proj.bias", "k_norm.weight"} <= set(tp.raw_state_dict())
+        assert tp.list_of_attentions[1].q_norm.weight.shape == [D] and tp.list_of_attentions[1].k_proj.bias.shape == [D]
+    else:
+        assert sorted(tp.raw_state_dict()) == list(REF["tp_attn.keys"]) == list(REF["attn.keys"])
+        shapes = {k: _shape(v) for k, v in tp.raw_state_dict().items()}
+        assert [shapes[k] for k in REF["tp_attn.keys"]] == list(REF["tp_attn.shapes"])
     for i, shard in enumerate(tp.list_of_attentions):
         assert type(shard) is nn.AttentionWithRope and shard.devices == [DEVS[i]]
+        if options:
+            continue
         sd = shard.raw_state_dict()
         assert sorted(sd) == list(REF[f"tp_attn.shard{i}.keys"])
         assert [_shape(sd[k]) for k in sorted(sd)] == list(REF[f"tp_attn.shard{i}.shapes"])

@@ -549,8 +549,11 @@ class TensorParallelAttentionWithRope(AttentionWithRope, DistributedAttentionImp
     ``k_proj.weight``, ``v_proj.weight``, ``o_proj.weight``, ...): the per-device layers are views
     of them (not registered), so a single-device checkpoint loads as it is.
 
-    Unlike MAX's (which refuses CPU devices), CPU devices are accepted: the per-device program then
-    runs on host devices.
+    With more than one device the weights are placed at construction on a mesh of ``devices``
+    (axis ``"tp"``), each split by its sharding strategy, so device ``i`` holds its own heads'
+    rows and columns, as MAX's shards do; ``state_dict()`` keeps the unsplit arrays. Unlike MAX's
+    (which refuses CPU devices), CPU devices are accepted: the per-device program then runs on host
+    devices. With ``use_qk_norm`` the Q/K norm weights are replicated on every device.
 
     Args: MAX's, keyword-only (as :class:`AttentionWithRope` without ``sharding_strategy``);
         ``devices`` default ``[DeviceRef.CPU()]``.
