@@ -85,7 +85,7 @@ def models():
     return single, dist, sd
 
 
-SEQS = [np.random.default_rng(1).integers(0, V, 6).astype(np.int64), np.random.default_rng(2).integers(0, V, 4).astype(np.int64)]
+SEQS = [np.random.default_rng(s).integers(0, V, n).astype(np.int64) for s, n in ((1, 6), (2, 4))]
 PLAN = [[5, 3], [1, 1]]  # prefill 5 and 3 tokens, then one decode step each
 
 
@@ -236,12 +236,14 @@ def test_the_attention_alone_equals_attention_with_rope_and_splits_heads_as_max(
         np.testing.assert_allclose(np.asarray(g), want, rtol=1e-5, atol=2e-5)
     # each device cached its own KV head: device i's pages hold KV head i of the single layer's cache
     for i, coll in enumerate(colls[1:]):
-        np.testing.assert_allclose(np.asarray(coll.kv_blocks)[..., 0, :], np.asarray(colls[0].kv_blocks)[..., i, :], atol=1e-6)
+        mine, whole = np.asarray(coll.kv_blocks), np.asarray(colls[0].kv_blocks)
+        np.testing.assert_allclose(mine[..., 0, :], whole[..., i, :], atol=1e-6)
 
 
 def test_weight_keys_are_the_single_device_ones_and_maxs(models):
     single, dist, sd = models
-    assert sorted(dist.raw_state_dict()) == sorted(single.raw_state_dict()) == list(REF["dist.keys"]) == list(REF["single.keys"])
+    assert sorted(dist.raw_state_dict()) == sorted(single.raw_state_dict()) == list(REF["dist.keys"])
+    assert list(REF["dist.keys"]) == list(REF["single.keys"])
     shapes = {k: _shape(v) for k, v in dist.raw_state_dict().items()}
     assert [shapes[k] for k in REF["dist.keys"]] == list(REF["dist.shapes"])
     block = dist.layers[0]
@@ -265,7 +267,8 @@ def test_signatures_are_maxs():
     from maxjax.nn.transformer import DistributedTransformer, DistributedTransformerBlock
 
     assert TensorParallelAttentionWithRope is nn.TensorParallelAttentionWithRope
-    assert (DistributedTransformer, DistributedTransformerBlock) == (nn.DistributedTransformer, nn.DistributedTransformerBlock)
+    assert DistributedTransformer is nn.DistributedTransformer
+    assert DistributedTransformerBlock is nn.DistributedTransformerBlock
     assert issubclass(TensorParallelAttentionWithRope, nn.DistributedAttentionImpl)
 
 
@@ -273,13 +276,16 @@ def test_refusals(models):
     _, dist, _ = models
     rope = _rope()
     with pytest.raises(ValueError, match=r"num_key_value_heads=2 is not divisible by the number of devices \(4\)"):
-        nn.TensorParallelAttentionWithRope(**_attn_kw(rope), kv_params=_kv(DEVS), devices=[DeviceRef.CPU(i) for i in range(4)])
+        four = [DeviceRef.CPU(i) for i in range(4)]
+        nn.TensorParallelAttentionWithRope(**_attn_kw(rope), kv_params=_kv(DEVS), devices=four)
     with pytest.raises(ValueError, match=r"stacked_qkv=True"):
         nn.TensorParallelAttentionWithRope(**_attn_kw(rope), kv_params=_kv(DEVS), devices=DEVS, stacked_qkv=True)
     from maxjax.nn.attention import MHAMaskVariant
 
     with pytest.raises(NotImplementedError, match="mask_variant"):
-        nn.TensorParallelAttentionWithRope(**_attn_kw(rope), kv_params=_kv(DEVS), devices=DEVS, mask_variant=MHAMaskVariant.NULL_MASK)
+        nn.TensorParallelAttentionWithRope(
+            **_attn_kw(rope), kv_params=_kv(DEVS), devices=DEVS, mask_variant=MHAMaskVariant.NULL_MASK
+        )
     tp = dist.layers[0].self_attn
     x = np.zeros((3, H), np.float32)
     one = [np.array([0, 3], np.uint32)]

@@ -648,7 +648,9 @@ class TensorParallelAttentionWithRope(AttentionWithRope, DistributedAttentionImp
         for name, value in (("x", x), ("signal_buffers", signal_buffers), ("kv_collections", kv_collections),
                             ("freqs_cis", freqs_cis), ("input_row_offsets", input_row_offsets)):  # fmt: skip
             if len(value) != n:
-                raise ValueError(f"TensorParallelAttentionWithRope: expected {n} {name} (one per device), got {len(value)}")
+                raise ValueError(
+                    f"TensorParallelAttentionWithRope: expected {n} {name} (one per device), got {len(value)}"
+                )
         outs = [
             attn(layer_idx, x[i], kv_collections[i], freqs_cis[i], input_row_offsets[i])
             for i, attn in enumerate(self.list_of_attentions)

@@ -166,7 +166,9 @@ class DistributedTransformerBlock(Module):
         ValueError: (call) not one hidden state per device; an MLP or norm without the strategy.
     """
 
-    def __init__(self, attention: Module, mlp: Any, attention_norm: Any, mlp_norm: Any, devices: list[DeviceRef]) -> None:
+    def __init__(
+        self, attention: Module, mlp: Any, attention_norm: Any, mlp_norm: Any, devices: list[DeviceRef]
+    ) -> None:
         super().__init__()
         self.self_attn = attention
         self.mlp = mlp
@@ -190,13 +192,16 @@ class DistributedTransformerBlock(Module):
         input_row_offsets: list[Any],
     ) -> list[Any]:
         if len(xs) != len(self.devices):
-            raise ValueError(f"DistributedTransformerBlock: expected {len(self.devices)} xs (one per device), got {len(xs)}")
+            raise ValueError(
+                f"DistributedTransformerBlock: expected {len(self.devices)} xs (one per device), got {len(xs)}"
+            )
         norm_xs = forward_sharded_layers(self.input_layernorm_shards, xs)
         attn_outs = self.self_attn(
             layer_idx, norm_xs, signal_buffers, kv_collections, freqs_cis=freqs_cis, input_row_offsets=input_row_offsets
         )
         hs = [x + a for x, a in zip(xs, attn_outs, strict=True)]
-        mlp_outs = forward_sharded_layers(self.mlp_shards, forward_sharded_layers(self.post_attention_layernorm_shards, hs))
+        norm_outs = forward_sharded_layers(self.post_attention_layernorm_shards, hs)
+        mlp_outs = forward_sharded_layers(self.mlp_shards, norm_outs)  # [total, hidden] partial sums
         mlp_outs = self.allreduce(mlp_outs, signal_buffers)  # partial sums of down_proj, added
         return [h + m for h, m in zip(hs, mlp_outs, strict=True)]
 
