@@ -49,7 +49,7 @@ def _attn_kw(rope):
     return dict(rope=rope, num_attention_heads=NH, num_key_value_heads=NKV, hidden_size=H)
 
 
-def _single():
+def _single(tied=False, **model_kwargs):
     rope, kv = _rope(), _kv(DEVS[:1])
     layers = [
         nn.TransformerBlock(
@@ -59,10 +59,12 @@ def _single():
         for _ in range(L)
     ]  # fmt: skip
     emb, out = nn.Embedding(V, H, F32, DEVS[0]), nn.Linear(H, V, F32, DEVS[0])
-    return nn.Transformer(H, NH, layers, _norm(), out, emb, kv, rope)
+    if tied:
+        out.set_shared_weight("weight", emb.weight)
+    return nn.Transformer(H, NH, layers, _norm(), out, emb, kv, rope, **model_kwargs)
 
 
-def _distributed(devices=DEVS, **model_kwargs):
+def _distributed(devices=DEVS, tied=False, **model_kwargs):
     rope, kv = _rope(), _kv(devices)
     layers = [
         nn.DistributedTransformerBlock(
@@ -71,7 +73,8 @@ def _distributed(devices=DEVS, **model_kwargs):
         )
         for _ in range(L)
     ]  # fmt: skip
-    emb, out = nn.VocabParallelEmbedding(V, H, F32, devices), nn.ColumnParallelLinear(H, V, F32, devices)
+    emb = nn.VocabParallelEmbedding(V, H, F32, devices)
+    out = nn.ColumnParallelLinear(H, V, F32, devices, tied_weight=emb.weight if tied else None)
     return nn.DistributedTransformer(H, NH, layers, _norm(), out, emb, kv, devices, rope, **model_kwargs)
 
 
@@ -91,7 +94,7 @@ PLAN = [[5, 3], [1, 1]]  # prefill 5 and 3 tokens, then one decode step each
 
 def _run(call, n_devices):
     """Runs PLAN through ``call(tokens, offsets, return_n_logits, per_device_cache_inputs)`` with
-    one paged cache per device (``NKV // n_devices`` heads each); returns each step's logits."""
+    one paged cache per device (``NKV // n_devices`` heads each); returns each step's outputs."""
     caches = [PagedKVCache(_kv([d], NKV // n_devices), PAGES) for d in DEVS[:n_devices]]
     for cache in caches:
         for i in range(len(SEQS)):
@@ -100,12 +103,12 @@ def _run(call, n_devices):
     for lengths in PLAN:
         tokens = np.concatenate([s[d : d + n] for s, d, n in zip(SEQS, done, lengths)])
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint32)
-        logits, blocks = call(tokens, offsets, np.ones(1, np.int64), [c.inputs([0, 1], lengths) for c in caches])
+        outputs, blocks = call(tokens, offsets, np.ones(1, np.int64), [c.inputs([0, 1], lengths) for c in caches])
         for cache, b in zip(caches, blocks):
             if b is not None:
                 cache.kv_blocks = b
             cache.commit([0, 1], lengths)
-        outs.append(np.asarray(logits))
+        outs.append([np.asarray(o) for o in outputs])
         done = [d + n for d, n in zip(done, lengths)]
     return outs
 
@@ -115,46 +118,73 @@ def _eager(model, n_devices):
 
     def call(tokens, offsets, n, inputs):
         colls = [KVCacheInputsPerDevice.unflatten(iter(i)) for i in inputs]
-        if n_devices == 1 and not isinstance(model, nn.DistributedTransformer):
-            (logits,) = model(tokens, colls[0], n, offsets)
-        else:
-            (logits,) = model(tokens, signals.buffers(), colls, n, offsets)
-        return logits, [c.kv_blocks for c in colls]
+        if isinstance(model, nn.DistributedTransformer):
+            return model(tokens, signals.buffers(), colls, n, offsets), [c.kv_blocks for c in colls]
+        return model(tokens, colls[0], n, offsets), [colls[0].kv_blocks]
 
     return _run(call, n_devices)
 
 
-@pytest.fixture(scope="module")
-def expected(models):
-    single, _, _ = models
-    return _eager(single, 1)
-
-
-def test_eager_equals_the_single_device_transformer(models, expected):
-    _, dist, _ = models
-    got = _eager(dist, 2)
-    assert [g.shape for g in got] == [(2, V), (2, V)]
-    for g, w in zip(got, expected):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=2e-5)
-
-
-def test_functional_under_jit_equals_the_single_device_transformer(models, expected):
-    _, dist, _ = models
-    state = nn.state(dist)
-    buffers = nn.Signals(DEVS).buffers()
+def _functional(model, n_devices):
+    state = nn.state(model)
+    buffers = nn.Signals(DEVS[:n_devices]).buffers()
 
     @jax.jit
-    def step(state, tokens, offsets, n, inputs):
+    def step(state, tokens, offsets, n, inputs):  # the caches' pages in and out
         colls = [KVCacheInputsPerDevice.unflatten(iter(i)) for i in inputs]
-        (logits,) = nn.functional_call(dist, state, tokens, buffers, colls, n, offsets)
-        return logits, [c.kv_blocks for c in colls]
+        if isinstance(model, nn.DistributedTransformer):
+            out = nn.functional_call(model, state, tokens, buffers, colls, n, offsets)
+        else:
+            out = nn.functional_call(model, state, tokens, colls[0], n, offsets)
+        return out, [c.kv_blocks for c in colls]
 
     def call(tokens, offsets, n, inputs):
         host = [[np.asarray(a.to_numpy()) if hasattr(a, "to_numpy") else a for a in i] for i in inputs]
         return step(state, tokens, offsets, n, host)
 
-    for g, w in zip(_run(call, 2), expected):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=2e-5)
+    return _run(call, n_devices)
+
+
+def _assert_equal_steps(got, want):
+    assert len(got) == len(want)
+    for g_step, w_step in zip(got, want):
+        assert len(g_step) == len(w_step)
+        for g, w in zip(g_step, w_step):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=2e-5)
+
+
+@pytest.fixture(scope="module")
+def expected(models):
+    single, _, _ = models
+    return _functional(single, 1)  # the single-device classes' numbers (checked against NumPy in test_nn_decoder)
+
+
+def test_eager_equals_the_single_device_transformer(models, expected):
+    _, dist, _ = models
+    got = _eager(dist, 2)
+    assert [[g.shape for g in step] for step in got] == [[(2, V)], [(2, V)]]
+    _assert_equal_steps(got, expected)
+
+
+def test_functional_under_jit_equals_the_single_device_transformer(models, expected):
+    _, dist, _ = models
+    _assert_equal_steps(_functional(dist, 2), expected)
+
+
+def test_tied_head_all_logits_and_scaling_equal_the_single_device_transformer():
+    """``ColumnParallelLinear(tied_weight=embedding.weight)`` (no ``lm_head`` key), every token's
+    logits (``ReturnLogits.ALL``: last logits, all logits, offsets) and ``logits_scaling``."""
+    kwargs = dict(return_logits=nn.ReturnLogits.ALL, logits_scaling=2.0)
+    single, dist = _single(tied=True, **kwargs), _distributed(tied=True, **kwargs)
+    assert sorted(dist.raw_state_dict()) == sorted(single.raw_state_dict())
+    assert "lm_head.weight" not in dist.raw_state_dict()
+    rng = np.random.default_rng(4)
+    sd = {k: (rng.standard_normal(v.shape) * 0.2).astype(np.float32) for k, v in single.state_dict().items()}
+    single.load_state_dict(sd)
+    dist.load_state_dict(sd)
+    got, want = _functional(dist, 2), _functional(single, 1)
+    assert [[g.shape for g in step] for step in got] == [[(2, V), (8, V), (3,)], [(2, V), (2, V), (3,)]]
+    _assert_equal_steps(got, want)
 
 
 def _graph(model, kv_params_per_device):
@@ -185,10 +215,9 @@ def test_graph_mode_equals_the_single_device_transformer(models, expected):
     def call(tokens, offsets, n, inputs):
         flat = [a for i in inputs for a in i]
         out = compiled.execute(tokens, offsets, n, *signals.buffers(), *flat)
-        return out[0].to_numpy(), [None] * len(inputs)  # kv_blocks are updated in place
+        return [o.to_numpy() for o in out], [None] * len(inputs)  # kv_blocks are updated in place
 
-    for g, w in zip(_run(call, 2), expected):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=2e-5)
+    _assert_equal_steps(_run(call, 2), expected)
 
 
 def _shape(w):
