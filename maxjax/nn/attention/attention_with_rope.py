@@ -40,6 +40,7 @@ from maxjax.graph.sharding import Segment, ShardingStrategy, compute_shard_range
 from maxjax.graph.type import DeviceRef
 from maxjax.nn.attention.interfaces import DistributedAttentionImpl
 from maxjax.nn.attention.mask_config import MHAMaskVariant
+from maxjax.nn.comm import Allreduce
 from maxjax.nn.kernels import attention_ragged_paged, rope_ragged, store_kv_ragged
 from maxjax.nn.kv_cache import DenseKVCacheValues, KVCacheInputsPerDevice, KVCacheParams, read_cache, write_cache
 from maxjax.nn.layer import Module
@@ -613,8 +614,6 @@ class TensorParallelAttentionWithRope(AttentionWithRope, DistributedAttentionImp
             use_qk_norm=use_qk_norm, rms_norm_eps=rms_norm_eps, mask_variant=mask_variant,
             sliding_window=sliding_window,
         )  # fmt: skip
-        from maxjax.nn.comm import Allreduce
-
         self.allreduce = Allreduce(len(self.devices))
         self.sharding_strategy = ShardingStrategy.tensor_parallel(len(self.devices))
         self.list_of_attentions = self.shard(self.devices)
