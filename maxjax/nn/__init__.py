@@ -20,8 +20,10 @@ from maxjax.nn.rotary_embedding import (
     RotaryEmbedding, YarnRotaryEmbedding, YarnScalingParams,
 )
 from maxjax.nn.transformer import (
-    FeedForward, PostNormTransformerBlock, ReturnHiddenStates, ReturnLogits, Transformer, TransformerBlock,
+    DistributedTransformer, DistributedTransformerBlock, FeedForward, PostNormTransformerBlock, ReturnHiddenStates,
+    ReturnLogits, Transformer, TransformerBlock,
 )  # fmt: skip
+from maxjax.nn.attention import TensorParallelAttentionWithRope
 from maxjax.nn.kv_cache import KVCacheInputs, KVCacheMetrics, KVCacheParams, build_max_lengths_tensors
 from maxjax.nn.identity import Identity
 from maxjax.nn.layer import MissingLayer, Shardable
@@ -42,5 +44,6 @@ __all__ = [
     "QuantFormat", "ScaleGranularity", "ScaleOrigin", "WeightScaleSpec",
     "Identity", "MissingLayer", "Shardable", "MinPSampler", "RejectionSampler", "RejectionSamplerWithResiduals",
     "MoE", "MoEGate", "forward_moe_sharded_layers", "VocabParallelEmbedding",
+    "DistributedTransformer", "DistributedTransformerBlock", "TensorParallelAttentionWithRope",
     "FeedForward", "PostNormTransformerBlock",  # maxjax's: encoder pieces MAX keeps inside its BERT architecture
 ]  # fmt: skip

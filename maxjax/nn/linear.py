@@ -326,10 +326,10 @@ class ColumnParallelLinear(Linear):
     ) -> None:
         if len(devices) == 0:
             raise ValueError("ColumnParallelLinear requires a non-empty devices argument")
-        if tied_weight and (kwargs.get("quant_config") is not None or kwargs.get("has_bias", False)):
+        if tied_weight is not None and (kwargs.get("quant_config") is not None or kwargs.get("has_bias", False)):
             raise ValueError("float8 and bias are both unsupported by ColumnParallelLinear currently")
         super().__init__(in_dim, out_dim, dtype, devices[0], **kwargs)
-        if tied_weight:
+        if tied_weight is not None:
             self.weight = tied_weight
             self.set_shared_weight("weight", tied_weight)
         self.devices = devices

@@ -12,6 +12,8 @@ from __future__ import annotations
 import builtins
 from typing import Any, Iterable
 
+import jax
+
 from maxjax.graph.ops._core import apply
 from maxjax.graph.ops.shape import transfer_to
 from maxjax.graph.value import TensorValue
@@ -59,6 +61,8 @@ def check_devices(op: str, inputs: list[Any]) -> None:
     Raises:
         ValueError: two inputs on one device.
     """
+    if any(isinstance(x._array, jax.core.Tracer) for x in inputs):
+        return  # traced by jax.jit (functional mode): values have no device until XLA places them
     devices = [x.device for x in inputs]
     if len(set(devices)) < len(devices):
         raise ValueError(f"{op} operation must have unique devices across its input tensors. Got: devices={devices}")

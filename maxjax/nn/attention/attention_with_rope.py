@@ -38,7 +38,9 @@ from maxjax.graph import ops
 from maxjax.graph.ops import op_traits
 from maxjax.graph.sharding import Segment, ShardingStrategy, compute_shard_range
 from maxjax.graph.type import DeviceRef
+from maxjax.nn.attention.interfaces import DistributedAttentionImpl
 from maxjax.nn.attention.mask_config import MHAMaskVariant
+from maxjax.nn.comm import Allreduce
 from maxjax.nn.kernels import attention_ragged_paged, rope_ragged, store_kv_ragged
 from maxjax.nn.kv_cache import DenseKVCacheValues, KVCacheInputsPerDevice, KVCacheParams, read_cache, write_cache
 from maxjax.nn.layer import Module
@@ -46,7 +48,10 @@ from maxjax.nn.linear import Linear
 from maxjax.nn.norm import RMSNorm
 from maxjax.nn.rotary_embedding import RotaryEmbedding
 
-__all__ = ["AttentionWithRope", "GGUFQAttentionWithRope", "GPTQAttentionWithRope", "num_heads_for_device"]
+__all__ = [
+    "AttentionWithRope", "GGUFQAttentionWithRope", "GPTQAttentionWithRope", "TensorParallelAttentionWithRope",
+    "num_heads_for_device",
+]  # fmt: skip
 
 
 #: the smallest window of keys :func:`_causal_gqa` reads; windows double up to the cache length
@@ -511,3 +516,142 @@ class GPTQAttentionWithRope(AttentionWithRope):
 
     def _heads(self, proj: Any) -> Any:
         return proj.out_dim // self.head_dim
+
+
+def _place_on_devices(module: Module, devices: Sequence[DeviceRef]) -> None:
+    """Places ``module``'s weights on a mesh of ``devices`` (axis ``"tp"``), each split by its
+    sharding strategy (replicated without one), so device ``i`` holds MAX's shard ``i``
+    (``Module.to(mesh)``; as :class:`~maxjax.nn.VocabParallelEmbedding` places its table). One
+    device: nothing to do. Every weight of a per-device program then lives on the same devices,
+    which one compiled program (graph or functional mode) needs."""
+    if len(devices) < 2:
+        return
+    from jax.sharding import AxisType, Mesh
+
+    grid = np.asarray([DeviceRef.from_device(d).to_device().jax_device for d in devices], dtype=object)
+    module.to(Mesh(grid, ("tp",), axis_types=(AxisType.Auto,)), axis="tp")
+
+
+class TensorParallelAttentionWithRope(AttentionWithRope, DistributedAttentionImpl):
+    """MAX's ``TensorParallelAttentionWithRope``: an :class:`AttentionWithRope` whose heads are
+    split over ``devices`` and which is called in MAX's per-device style (one input, KV collection,
+    rope table and row-offsets tensor per device, one output per device).
+
+    Construction sets ``sharding_strategy = ShardingStrategy.tensor_parallel(len(devices))`` and
+    keeps ``list_of_attentions = self.shard(devices)``: device ``i`` holds the KV heads
+    ``compute_shard_range(num_key_value_heads, i, n)`` and the query heads that use them (the rows
+    of ``q_proj``/``k_proj``/``v_proj`` and the columns of ``o_proj``), so its KV cache holds
+    ``num_key_value_heads // n`` heads. Each device's ``o_proj`` gives a partial sum
+    ``[total_seq_len, hidden]``; ``allreduce`` (:class:`~maxjax.nn.comm.Allreduce`) adds them,
+    giving every device the output of the unsplit layer (MAX's source:
+    ``max/nn/attention/attention_with_rope.py``).
+
+    Weight keys: the unsplit layer's, exactly :class:`AttentionWithRope`'s (``q_proj.weight``,
+    ``k_proj.weight``, ``v_proj.weight``, ``o_proj.weight``, ...): the per-device layers are views
+    of them (not registered), so a single-device checkpoint loads as it is.
+
+    With more than one device the weights are placed at construction on a mesh of ``devices``
+    (axis ``"tp"``), each split by its sharding strategy, so device ``i`` holds its own heads'
+    rows and columns, as MAX's shards do; ``state_dict()`` keeps the unsplit arrays. Unlike MAX's
+    (which refuses CPU devices), CPU devices are accepted: the per-device program then runs on host
+    devices. With ``use_qk_norm`` the Q/K norm weights are replicated on every device.
+
+    Args: MAX's, keyword-only (as :class:`AttentionWithRope` without ``sharding_strategy``);
+        ``devices`` default ``[DeviceRef.CPU()]``.
+
+    ``__call__(layer_idx, x, signal_buffers, kv_collections, freqs_cis, input_row_offsets)``: each
+        argument but ``layer_idx`` a sequence with one entry per device: ``x[i] [total_seq_len,
+        hidden]``, ``signal_buffers[i]`` (:class:`~maxjax.nn.Signals`), ``kv_collections[i]`` a
+        paged :class:`~maxjax.nn.kv_cache.KVCacheInputsPerDevice` of ``num_key_value_heads // n``
+        heads (its ``kv_blocks`` updated), ``freqs_cis[i] [max_positions, head_dim]``,
+        ``input_row_offsets[i]`` uint32 ``[batch + 1]``. Returns ``[total_seq_len, hidden]`` per device.
+
+    Raises:
+        ValueError: ``devices`` empty; ``num_key_value_heads`` not divisible by ``len(devices)``;
+            ``stacked_qkv=True`` with more than one device; as :class:`AttentionWithRope`;
+            (called) not one entry per device in a per-device argument.
+        NotImplementedError: as :class:`AttentionWithRope` (``mask_variant``).
+    """
+
+    def __init__(
+        self,
+        *,
+        rope: RotaryEmbedding,
+        num_attention_heads: int,
+        num_key_value_heads: int,
+        hidden_size: int,
+        kv_params: KVCacheParams,
+        devices: Sequence[DeviceRef] | None = None,
+        dtype: DType = DType.float32,
+        linear_cls: Any = Linear,
+        stacked_qkv: bool = False,
+        scale: float | None = None,
+        has_bias: bool = False,
+        quant_config: Any = None,
+        clip_qkv: float | None = None,
+        use_qk_norm: bool = False,
+        rms_norm_eps: float = 1e-6,
+        mask_variant: MHAMaskVariant = MHAMaskVariant.CAUSAL_MASK,
+        sliding_window: int | None = None,
+    ) -> None:
+        if devices is not None and len(devices) == 0:
+            raise ValueError("TensorParallelAttentionWithRope: devices=[]; devices cannot be None or empty")
+        n = len(devices) if devices else 1
+        if num_key_value_heads % n:
+            raise ValueError(
+                f"TensorParallelAttentionWithRope: num_key_value_heads={num_key_value_heads} is not divisible by the "
+                f"number of devices ({n}); each device holds whole KV heads"
+            )
+        if stacked_qkv and n > 1:
+            raise ValueError(
+                "TensorParallelAttentionWithRope(stacked_qkv=True): splitting a stacked QKV weight over devices is not "
+                "supported by maxjax; use stacked_qkv=False"
+            )
+        super().__init__(
+            rope=rope, num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
+            hidden_size=hidden_size, kv_params=kv_params, devices=devices, dtype=dtype, linear_cls=linear_cls,
+            stacked_qkv=stacked_qkv, scale=scale, has_bias=has_bias, quant_config=quant_config, clip_qkv=clip_qkv,
+            use_qk_norm=use_qk_norm, rms_norm_eps=rms_norm_eps, mask_variant=mask_variant,
+            sliding_window=sliding_window,
+        )  # fmt: skip
+        self.allreduce = Allreduce(len(self.devices))
+        self.sharding_strategy = ShardingStrategy.tensor_parallel(len(self.devices))
+        self.list_of_attentions = self.shard(self.devices)
+        _place_on_devices(self, self.devices)
+
+    def shard(self, devices: Sequence[DeviceRef]) -> list[AttentionWithRope]:
+        """:meth:`AttentionWithRope.shard`, giving plain single-device :class:`AttentionWithRope`
+        layers (as MAX's) with their Q/K norms replicated when ``use_qk_norm``."""
+        devices = list(devices)
+        shards = super().shard(devices)
+        if self.use_qk_norm:
+            for norm in (self.q_norm, self.k_norm):
+                norm.sharding_strategy = ShardingStrategy.replicate(len(devices))
+            q_norms, k_norms = self.q_norm.shard(devices), self.k_norm.shard(devices)
+        for i, s in enumerate(shards):
+            s.__class__ = AttentionWithRope  # built by the base's shard as type(self): a per-device layer
+            if self.use_qk_norm:
+                s.q_norm, s.k_norm = q_norms[i], k_norms[i]
+        return shards
+
+    def __call__(  # type: ignore[override]
+        self,
+        layer_idx: Any,
+        x: Sequence[Any],
+        signal_buffers: Sequence[Any],
+        kv_collections: Sequence[Any],
+        freqs_cis: Sequence[Any],
+        input_row_offsets: Sequence[Any],
+    ) -> list[Any]:
+        n = len(self.devices)
+        for name, value in (("x", x), ("signal_buffers", signal_buffers), ("kv_collections", kv_collections),
+                            ("freqs_cis", freqs_cis), ("input_row_offsets", input_row_offsets)):  # fmt: skip
+            if len(value) != n:
+                raise ValueError(
+                    f"TensorParallelAttentionWithRope: expected {n} {name} (one per device), got {len(value)}"
+                )
+        outs = [
+            attn(layer_idx, x[i], kv_collections[i], freqs_cis[i], input_row_offsets[i])
+            for i, attn in enumerate(self.list_of_attentions)
+        ]  # [total_seq_len, hidden] partial sums, one per device
+        return self.allreduce(inputs=outs, signal_buffers=signal_buffers)
