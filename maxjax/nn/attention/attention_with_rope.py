@@ -319,6 +319,10 @@ class AttentionWithRope(Module):
         devices = list(devices)
         n = len(devices)
         q, k, v, o = (p.shard(devices) for p in (self.q_proj, self.k_proj, self.v_proj, self.o_proj))
+        if self.use_qk_norm:  # per-head-dim norms: the same weights on every device
+            for norm in (self.q_norm, self.k_norm):
+                norm.sharding_strategy = ShardingStrategy.replicate(n)
+            q_norms, k_norms = self.q_norm.shard(devices), self.k_norm.shard(devices)
         g = self.n_heads // self.n_kv_heads
         shards = []
         for i, device in enumerate(devices):
@@ -335,6 +339,8 @@ class AttentionWithRope(Module):
             sharded.n_heads, sharded.n_kv_heads, sharded.num_key_value_heads = kv_i * g, kv_i, kv_i
             sharded.q_weight_dim, sharded.devices = kv_i * g * self.head_dim, [device]
             sharded.q_proj, sharded.k_proj, sharded.v_proj, sharded.o_proj = q[i], k[i], v[i], o[i]
+            if self.use_qk_norm:
+                sharded.q_norm, sharded.k_norm = q_norms[i], k_norms[i]
             sharded._sharding_strategy = self._sharding_strategy
             shards.append(sharded)
         return shards
@@ -621,17 +627,10 @@ class TensorParallelAttentionWithRope(AttentionWithRope, DistributedAttentionImp
 
     def shard(self, devices: Sequence[DeviceRef]) -> list[AttentionWithRope]:
         """:meth:`AttentionWithRope.shard`, giving plain single-device :class:`AttentionWithRope`
-        layers (as MAX's) with their Q/K norms replicated when ``use_qk_norm``."""
-        devices = list(devices)
+        layers (as MAX's)."""
         shards = super().shard(devices)
-        if self.use_qk_norm:
-            for norm in (self.q_norm, self.k_norm):
-                norm.sharding_strategy = ShardingStrategy.replicate(len(devices))
-            q_norms, k_norms = self.q_norm.shard(devices), self.k_norm.shard(devices)
-        for i, s in enumerate(shards):
+        for s in shards:
             s.__class__ = AttentionWithRope  # built by the base's shard as type(self): a per-device layer
-            if self.use_qk_norm:
-                s.q_norm, s.k_norm = q_norms[i], k_norms[i]
         return shards
 
     def __call__(  # type: ignore[override]
