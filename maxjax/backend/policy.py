@@ -24,6 +24,11 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   one row took 197 ms fused, 3.2 ms in 2048-column blocks; Llama-3.2-1B's ``down_proj``, every
   weight of an 8B). Not for 2 to ``weight_left_max_rows`` input rows (15-30% slower there).
   CPU: 2048; others: 0 (off).
+- ``int8_min_rows``: a weight in the ``int8`` quantized layout multiplies at least this many
+  input rows as int8 x int8 -> int32 dots (activations quantized per row); fewer rows run in
+  float32. CPU: 16 (XLA:CPU's int8 dots: 0.1x float32 at one row, 1.7x at 16 and 2.4x at 32 on a
+  2-core AVX2 EPYC, ``benchmarks/int8.py``); others: 0 (never). The layout itself is only used
+  when asked for (``quantized_layout="int8"``): it is not bit-identical to the file.
 - ``grouped_attention``: when attention groups the query heads of each KV head instead of
   repeating the KV heads (Hugging Face's ``repeat_kv``). ``"batched_decode"`` (CPU): only for one
   new token in each of several rows, where XLA:CPU's dots are fastest that way; ``"always"``
@@ -58,7 +63,7 @@ from maxjax.backend.cpu import cpu_features
 
 __all__ = ["BackendPolicy", "policy_for", "cpu_policy", "gpu_policy", "tpu_policy", "platform_of"]
 
-_LAYOUTS = ("packed", "unpacked", "nibbles", "dequantized")
+_LAYOUTS = ("packed", "unpacked", "nibbles", "dequantized", "int8")
 _GROUPED = ("always", "batched_decode", "never")
 
 
@@ -74,6 +79,7 @@ class BackendPolicy:
         dequant_row_chunk: rows per block when a large quantized weight is multiplied (0: off).
         dequant_col_chunk: columns per block when a quantized weight with long rows is multiplied
             (0: off).
+        int8_min_rows: fewest input rows an ``int8``-layout weight multiplies with int8 dots (0: never).
         grouped_attention: ``"always"``, ``"batched_decode"`` or ``"never"``.
         encoder_rows: most rows in one compiled encoder pass (at least 1).
         xla_options: XLA compiler options for maxjax's own jitted programs.
@@ -92,6 +98,7 @@ class BackendPolicy:
     weight_left_max_rows: int = 0
     dequant_row_chunk: int = 0
     dequant_col_chunk: int = 0
+    int8_min_rows: int = 0
     grouped_attention: str = "always"
     encoder_rows: int = 256
     xla_options: tuple[tuple[str, Any], ...] = ()
@@ -184,6 +191,7 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
         weight_left_max_rows=16,
         dequant_row_chunk=4096,
         dequant_col_chunk=2048,
+        int8_min_rows=16,
         grouped_attention="batched_decode",
         encoder_rows=32,
         xla_options=(("xla_cpu_use_xnnpack", False),),

@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError:  # pragma: no cover
             pass
         return 0
-    except (CLIError, ValueError, OSError, KeyError) as e:
+    except (CLIError, ValueError, NotImplementedError, OSError, KeyError) as e:
         print(f"maxjax {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

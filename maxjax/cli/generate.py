@@ -24,7 +24,7 @@ __all__ = ["configure", "run"]
 _FLAG_NAMES = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
 
 _DTYPES = {"float32": DType.float32, "bfloat16": DType.bfloat16}
-_LAYOUTS = ("auto", "nibbles", "unpacked", "packed", "dequantized")
+_LAYOUTS = ("auto", "nibbles", "unpacked", "packed", "dequantized", "int8")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -48,7 +48,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="how quantized weights sit in memory: auto (default: the backend policy's choice for this platform and "
         "CPU), nibbles (4-bit stays 4-bit), unpacked (one byte per value, about 2x the memory of Q4_1), packed (the "
-        "file's blocks; slow on CPU), dequantized (float32)",
+        "file's blocks; slow on CPU), dequantized (float32), int8 (requantized per channel, not bit-identical: batches "
+        "of 16+ rows run int8 dots)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar while weights load")
     p.add_argument(

@@ -171,7 +171,16 @@ def place_sharded(
 
     Returns:
         A ``jax.Array``, or a :class:`~maxjax.graph.quantization.QuantizedArray` of them.
+
+    Raises:
+        NotImplementedError: ``quantized_layout="int8"`` (its per-row scales and column rotation
+            are not split over a mesh yet).
     """
+    if encoding is not None and quantized_layout == "int8":
+        raise NotImplementedError(
+            "quantized_layout='int8' is not supported on a device mesh yet (its per-row scales and 64-column "
+            "rotation blocks are not split over devices); use 'unpacked' or 'nibbles' with a mesh"
+        )
     global_shape = ((len(values),) if stacked else ()) + tuple(int(d) for d in stored_shape)
     blocks: dict[tuple[Any, ...], Any] = {}
     per_device = []

@@ -7,13 +7,14 @@
 - :mod:`~maxjax.graph.quantization.arrays`: :class:`QuantizedArray`, a quantized weight as a typed
   JAX pytree (logical shape and dtype, encoding, layout; ``dequantize``/``matmul``/``take``), with
   one class per memory layout: :class:`PackedArray`, :class:`UnpackedArray`, :class:`NibbleArray`,
-  :class:`DequantizedArray`.
+  :class:`DequantizedArray`, :class:`Int8Array` (requantized per channel for int8 dots).
 """
 
 from maxjax.graph.quantization.arrays import (
     LAYOUTS,
     NIBBLE_ENCODINGS,
     DequantizedArray,
+    Int8Array,
     NibbleArray,
     PackedArray,
     QuantizedArray,
@@ -37,6 +38,7 @@ __all__ = [
     "BlockParameters",
     "DequantizedArray",
     "GGUF_ENCODINGS",
+    "Int8Array",
     "LAYOUTS",
     "NIBBLE_ENCODINGS",
     "NibbleArray",
