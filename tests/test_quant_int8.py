@@ -111,3 +111,36 @@ def test_int8_on_a_mesh_is_refused_in_one_line(capsys):
         "maxjax generate: error: quantized_layout='int8' is not supported on a device mesh yet (its per-row scales and "
         "64-column rotation blocks are not split over devices); use 'unpacked' or 'nibbles' with a mesh"
     ]
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--arithmetic", "int8", "--quantized-layout", "nibbles"], "arithmetic='int8' needs quantized_layout='int8', got 'nibbles'"),
+        (["--arithmetic", "float32", "--quantized-layout", "int8"],
+         "arithmetic='float32' keeps the file's values exactly; quantized_layout='int8' requantizes them"),
+        (["--arithmetic", "int8", "--mesh", "tp=2"],
+         "arithmetic='int8' is not supported on a device mesh yet; float32 runs there (arithmetic='float32')"),
+    ],
+)  # fmt: skip
+def test_arithmetic_that_cannot_run_is_one_line(argv, message, capsys):
+    from maxjax.cli import main
+
+    assert main(["generate", *argv, "--max-new-tokens", "2", "hi"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [f"maxjax generate: error: {message}"]
+
+
+def test_arithmetic_int8_loads_the_int8_layout_and_float_models_are_refused(tmp_path):
+    import llama_files as L
+
+    from maxjax.models import load_model
+
+    lm = load_model(arithmetic="int8")
+    assert lm.program.quantized_layout == "int8"
+    assert isinstance(lm.state["stacked"][0]["mlp.down_proj.weight"], Int8Array)
+    assert load_model(arithmetic="auto").program.quantized_layout == CPU.quantized_layout  # the policy: float32
+    d = L.write_hf_dir(tmp_path / "hf", L.hf_config(), L.hf_tensors())
+    with pytest.raises(ValueError, match=r"arithmetic='int8' needs a GGUF-quantized model; .*hf has float weights"):
+        load_model(d, arithmetic="int8")
+    with pytest.raises(ValueError, match="arithmetic must be one of auto, float32, int8, got 'int4'"):
+        load_model(arithmetic="int4")

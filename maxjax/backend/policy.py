@@ -29,6 +29,8 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   float32. CPU: 16 (XLA:CPU's int8 dots: 0.1x float32 at one row, 1.7x at 16 and 2.4x at 32 on a
   2-core AVX2 EPYC, ``benchmarks/int8.py``); others: 0 (never). The layout itself is only used
   when asked for (``quantized_layout="int8"``): it is not bit-identical to the file.
+- ``arithmetic``: what ``load_model(arithmetic="auto")`` runs: ``"float32"`` everywhere for now
+  (the file's values exactly; ``"int8"`` is asked for explicitly, see ``int8_min_rows``).
 - ``grouped_attention``: when attention groups the query heads of each KV head instead of
   repeating the KV heads (Hugging Face's ``repeat_kv``). ``"batched_decode"`` (CPU): only for one
   new token in each of several rows, where XLA:CPU's dots are fastest that way; ``"always"``
@@ -80,6 +82,7 @@ class BackendPolicy:
         dequant_col_chunk: columns per block when a quantized weight with long rows is multiplied
             (0: off).
         int8_min_rows: fewest input rows an ``int8``-layout weight multiplies with int8 dots (0: never).
+        arithmetic: ``"float32"`` or ``"int8"``, what ``arithmetic="auto"`` means.
         grouped_attention: ``"always"``, ``"batched_decode"`` or ``"never"``.
         encoder_rows: most rows in one compiled encoder pass (at least 1).
         xla_options: XLA compiler options for maxjax's own jitted programs.
@@ -99,6 +102,7 @@ class BackendPolicy:
     dequant_row_chunk: int = 0
     dequant_col_chunk: int = 0
     int8_min_rows: int = 0
+    arithmetic: str = "float32"
     grouped_attention: str = "always"
     encoder_rows: int = 256
     xla_options: tuple[tuple[str, Any], ...] = ()
@@ -110,6 +114,8 @@ class BackendPolicy:
             raise ValueError(f"BackendPolicy.quantized_layout must be one of {_LAYOUTS}, got {self.quantized_layout!r}")
         if self.grouped_attention not in _GROUPED:
             raise ValueError(f"BackendPolicy.grouped_attention must be one of {_GROUPED}, got {self.grouped_attention!r}")
+        if self.arithmetic not in ("float32", "int8"):
+            raise ValueError(f"BackendPolicy.arithmetic must be 'float32' or 'int8', got {self.arithmetic!r}")
         if self.encoder_rows < 1:
             raise ValueError(f"BackendPolicy.encoder_rows must be at least 1, got {self.encoder_rows}")
 

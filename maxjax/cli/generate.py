@@ -51,6 +51,11 @@ def configure(p: argparse.ArgumentParser) -> None:
         "file's blocks; slow on CPU), dequantized (float32), int8 (requantized per channel, not bit-identical: batches "
         "of 16+ rows run int8 dots)",
     )
+    p.add_argument(
+        "--arithmetic", choices=("auto", "float32", "int8"), default="auto",
+        help="int8: a quantized model's batched products (16+ rows) as int8 dots, in the int8 layout (not "
+        "bit-identical to the file); float32: the file's values exactly; auto (default): the backend policy's choice",
+    )  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar while weights load")
     p.add_argument(
         "--verbose", action="store_true",
@@ -107,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=_DTYPES[args.dtype],
         progress=not args.no_progress and sys.stderr.isatty(),
         quantized_layout=None if args.quantized_layout == "auto" else args.quantized_layout,
+        arithmetic=args.arithmetic,
         mesh=mesh,
     )
     load_s = time.perf_counter() - t0

@@ -73,6 +73,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="activation dtype (default float32)")
     p.add_argument("--quantized-layout", choices=_LAYOUTS, default="auto", help="how quantized weights sit in memory (see maxjax generate)")
+    p.add_argument("--arithmetic", choices=("auto", "float32", "int8"), default="auto",
+                   help="int8 dots for batched products of a quantized model (see maxjax generate)")
     add_mesh_arguments(p)
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info", help="server log level")
 
@@ -96,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             flag for flag, value, default in (
                 ("--dtype", args.dtype, "float32"), ("--quantized-layout", args.quantized_layout, "auto"),
                 ("--max-context", args.max_context, None), ("--mesh", args.mesh, None), ("--cpu-devices", args.cpu_devices, None),
+                ("--arithmetic", args.arithmetic, "auto"),
             ) if value != default
         ]  # fmt: skip
         if unused:
@@ -121,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         args.model,
         dtype=_DTYPES[args.dtype],
         quantized_layout=None if args.quantized_layout == "auto" else args.quantized_layout,
+        arithmetic=args.arithmetic,
         mesh=mesh,
     )
     engine = Engine(

@@ -265,9 +265,16 @@ def load_model(
     policy: Any = None,
     mesh: Any = None,
     mesh_axes: tuple[str, str] = ("dp", "tp"),
+    arithmetic: str = "auto",
 ) -> CausalLM:
     """Loads a model for generation: a GGUF file, a Hugging Face directory (or repo id in the local
     cache), or with no argument the bundled SmolLM2-135M-Instruct (Q4_1 GGUF).
+
+    ``arithmetic``: ``"int8"`` runs a GGUF-quantized model's products of 16 rows and more (the
+    policy's ``int8_min_rows``) as int8 dots, in the ``int8`` quantized layout (see
+    :class:`~maxjax.graph.quantization.Int8Array`; not bit-identical to the file); ``"float32"``
+    keeps the file's values exactly; ``"auto"`` (default) is the backend policy's ``arithmetic``
+    (float32 on every platform for now).
 
     ``quantized_layout`` is how a GGUF's quantized weights are kept in memory (see
     :class:`CausalLM`; None: the backend policy's choice for the platform), ``policy`` the
@@ -286,8 +293,11 @@ def load_model(
         ValueError: an unknown format or an unsupported architecture; files larger than the memory
             available (with the file size, run-time layout and KV cache bytes and the memory
             available); a tensor of an unsupported type (naming it); metadata, a ``config.json`` or
-            tensors that are wrong (one line naming the file and the key or tensor).
+            tensors that are wrong (one line naming the file and the key or tensor); an unknown
+            ``arithmetic``, or ``"int8"`` with another ``quantized_layout``, on a model without
+            quantized weights, or on a mesh (saying what runs instead).
     """
+    quantized_layout = _layout_for_arithmetic(arithmetic, quantized_layout, policy, mesh, model)
     path = resolve_model_path(model)
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))
@@ -309,6 +319,35 @@ def load_model(
     if mesh is None:  # from the header: the run-time layout and the KV cache, before any tensor is read
         check_memory_plan(memory_plan(path, dtype=dtype, quantized_layout=quantized_layout, policy=policy), str(path))
     return CausalLM.from_gguf(path, dtype, progress, quantized_layout, policy, mesh, mesh_axes)
+
+
+ARITHMETIC = ("auto", "float32", "int8")
+
+
+def _layout_for_arithmetic(arithmetic: str, quantized_layout: str | None, policy: Any, mesh: Any, model: Any) -> str | None:
+    """The quantized layout ``arithmetic`` asks for (see :func:`load_model`)."""
+    from maxjax.backend import policy_for
+
+    if arithmetic not in ARITHMETIC:
+        raise ValueError(f"arithmetic must be one of {', '.join(ARITHMETIC)}, got {arithmetic!r}")
+    if arithmetic == "auto":
+        if quantized_layout is not None or policy_for(policy).arithmetic == "float32":
+            return quantized_layout  # an explicit layout says it (int8 included)
+        arithmetic = policy_for(policy).arithmetic
+    if arithmetic == "float32":
+        if quantized_layout == "int8":
+            raise ValueError("arithmetic='float32' keeps the file's values exactly; quantized_layout='int8' requantizes them")
+        return quantized_layout
+    if quantized_layout not in (None, "int8"):
+        raise ValueError(f"arithmetic='int8' needs quantized_layout='int8', got {quantized_layout!r}")
+    if mesh is not None:
+        raise ValueError("arithmetic='int8' is not supported on a device mesh yet; float32 runs there (arithmetic='float32')")
+    if not policy_for(policy).int8_min_rows:
+        raise ValueError(f"arithmetic='int8': the {policy_for(policy).platform} policy has no int8 dots; float32 runs there")
+    path = Path(resolve_model_path(model))
+    if path.is_dir() and (path / "config.json").exists():
+        raise ValueError(f"arithmetic='int8' needs a GGUF-quantized model; {path} has float weights (arithmetic='float32' runs it)")
+    return "int8"
 
 
 def _check_size(files: list[Path], source: str, mesh: Any) -> None:
