@@ -51,7 +51,8 @@ def test_config_and_head_come_from_the_model_files():
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size) == (6, 384, 12, 1536)
     head = SentenceHead.from_dir(minilm_dir(), cfg)
     assert head == SentenceHead("mean", True, 256) and int(REF["max_seq_length"]) == 256
-    assert length_buckets(256) == (16, 24, 32, 48, 64, 96, 128, 192, 256)
+    assert length_buckets(256) == (16, 24, 32, 40, 48, 56, 64, 96, 128, 192, 256)
+    assert length_buckets(48) == (16, 24, 32, 40, 48) and length_buckets(512)[-4:] == (192, 256, 384, 512)
     assert length_buckets(32, 1, between=False) == (1, 2, 4, 8, 16, 32)
 
 
