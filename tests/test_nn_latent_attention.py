@@ -156,3 +156,32 @@ def test_refusals():
         make(None, graph_mode="both")
     with pytest.raises(NotImplementedError, match="o_proj_quant_config"):
         make(None, o_proj_quant_config=object())
+
+
+def test_graph_mode_matches_numpy():
+    from maxjax.driver import Buffer
+    from maxjax.engine import InferenceSession
+    from maxjax.graph import BufferType, DeviceRef, Graph, TensorType, ops
+
+    cpu = DeviceRef.CPU()
+    W = weights(32)
+    m = make(32)
+    m.load_state_dict(W)
+
+    def forward(x, blocks, lens, lookup, f, offs):
+        c = KVCacheInputsPerDevice(blocks.buffer, lens.tensor, lookup.tensor, lens.tensor, lens.tensor, lens.tensor)
+        return m(ops.constant(0, DType.uint32, cpu), x.tensor, c, f.tensor, offs.tensor)
+
+    g = Graph("mla", forward, input_types=[
+        TensorType(DType.float32, ["total", HID], cpu), BufferType(DType.float32, [4, 2, 1, PAGE, 1, RANK + ROPE], cpu),
+        TensorType(DType.uint32, [2], cpu), TensorType(DType.uint32, [2, 2], cpu),
+        TensorType(DType.float32, [16, ROPE], cpu), TensorType(DType.uint32, [3], cpu)])
+    model = InferenceSession().load(g, weights_registry=m.state_dict())
+
+    def step(x, blocks, lens, offs, f):
+        buf = Buffer.from_numpy(np.asarray(blocks))
+        (y,) = model.execute(x, buf, np.asarray(lens, np.uint32), np.array([[0, 1], [2, 3]], np.uint32), f, offs)
+        return y.to_numpy(), buf.to_numpy()
+
+    for got, ref in zip(run_steps(step), expected(W)):
+        np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5)
