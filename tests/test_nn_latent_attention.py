@@ -185,3 +185,33 @@ def test_graph_mode_matches_numpy():
 
     for got, ref in zip(run_steps(step), expected(W)):
         np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_tensor_parallel_heads_split_over_devices(skip):
+    from maxjax.graph import DeviceRef
+
+    n = 2
+    devs = [DeviceRef.CPU(i) for i in range(n)]
+    W = weights(None)
+    m = make(None, cls=nn.TensorParallelLatentAttentionWithRope, devices=devs, skip_allreduce=skip)
+    assert set(m.state_dict()) == set(W)
+    m.load_state_dict(W)
+    signals = nn.Signals(devs)
+    xs, f = data(), freqs()
+    pre = np.concatenate([x[:-1] for x in xs])
+    put = lambda a, i: jax.device_put(jnp.asarray(a), devs[i].to_device().jax_device)
+    caches = [cache(put(np.zeros((4, 2, 1, PAGE, 1, RANK + ROPE), np.float32), i), [0, 0]) for i in range(n)]
+    for i, c in enumerate(caches):
+        c.cache_lengths, c.lookup_table = put(c.cache_lengths, i), put(c.lookup_table, i)
+    outs = m(jnp.asarray(0, jnp.uint32), [put(pre, i) for i in range(n)], signals.buffers(), caches,
+             [put(f, i) for i in range(n)], [put(np.array([0, 3, 8], np.uint32), i) for i in range(n)])
+    assert len(outs) == n
+    assert [next(iter(o.devices())) for o in outs] == [d.to_device().jax_device for d in devs]
+    per = H // n
+    for i, out in enumerate(outs):
+        heads = range(i * per, (i + 1) * per) if skip else range(H)
+        want = np.concatenate([reference(W, x, f, heads)[:-1] for x in xs])
+        np.testing.assert_allclose(np.asarray(out), want, rtol=2e-5, atol=2e-5)
+    with pytest.raises(ValueError, match="divisible"):
+        make(None, cls=nn.TensorParallelLatentAttentionWithRope, devices=[DeviceRef.CPU(i) for i in range(3)])

@@ -173,27 +173,35 @@ class LatentAttentionWithRope(Module):
         )  # fmt: skip
 
     def _heads_out(
-        self, layer_idx: Any, x: Any, cache: Any, freqs_cis: Any, offsets: Any, heads: tuple[int, int]
-    ) -> Any:
+        self, layer_idx: Any, x: Any, cache: Any, freqs_cis: Any, offsets: Any, heads: tuple[int, int],
+        device: DeviceRef | None = None,
+    ) -> Any:  # fmt: skip
         """Attention output ``[total, (hi - lo) * v]`` of query heads ``lo:hi`` (before ``o_proj``);
-        stores this step's latents into ``cache``."""
+        stores this step's latents into ``cache``. With ``device``, the weights' slices move there
+        (tensor parallel: each device's shard)."""
         lo, hi = heads
+        on = (lambda w: w) if device is None else (lambda w: ops.transfer_to(w, device))
         if not isinstance(cache, KVCacheInputsPerDevice):
             raise TypeError(
                 f"LatentAttentionWithRope: kv_collection must be a PagedCacheValues, got {type(cache).__name__}"
             )
         qk, nv = self.qk_head_dim, self.qk_nope_head_dim + self.v_head_dim
         if self.q_lora_rank is not None:
-            xq = ops.matmul(self.q_a_layernorm(ops.matmul(x, ops.transpose(self.q_a_proj, 0, 1))),
-                            ops.transpose(self.q_b_proj[lo * qk : hi * qk], 0, 1))  # fmt: skip
+            q_a = ops.matmul(x, ops.transpose(on(self.q_a_proj), 0, 1))  # [total, q_lora_rank]
+            if device is None:
+                q_a = self.q_a_layernorm(q_a)
+            else:  # the norm's weight on this device
+                norm = self.q_a_layernorm
+                q_a = ops.rms_norm(q_a, on(norm.weight), norm.eps, multiply_before_cast=False)
+            xq = ops.matmul(q_a, ops.transpose(on(self.q_b_proj[lo * qk : hi * qk]), 0, 1))
         else:
-            xq = ops.matmul(x, ops.transpose(self.q_proj[lo * qk : hi * qk], 0, 1))  # [total, (hi - lo) * qk]
+            xq = ops.matmul(x, ops.transpose(on(self.q_proj[lo * qk : hi * qk]), 0, 1))  # [total, (hi - lo) * qk]
         xq = ops.reshape(xq, [-1, hi - lo, qk])  # [total, heads, nope + rope]
-        kv = ops.matmul(x, ops.transpose(self.kv_a_proj_with_mqa, 0, 1))  # [total, rank + rope]
+        kv = ops.matmul(x, ops.transpose(on(self.kv_a_proj_with_mqa), 0, 1))  # [total, rank + rope]
         freqs_cis = ops.cast(freqs_cis, xq.dtype)
         interleaved = bool(self.rope.interleaved)
         latent = ops.apply(
-            _mla_latent, kv, self.kv_a_proj_layernorm, freqs_cis, offsets, cache.cache_lengths, _name="mla_latent",
+            _mla_latent, kv, on(self.kv_a_proj_layernorm), freqs_cis, offsets, cache.cache_lengths, _name="mla_latent",
             rank=self.kv_lora_rank, interleaved=interleaved,
         )  # fmt: skip  [total, 1, rank + rope]
         blocks = ops.apply(
@@ -202,7 +210,7 @@ class LatentAttentionWithRope(Module):
         )  # fmt: skip
         write_cache(cache, "kv_blocks", blocks)
         return ops.apply(
-            _mla_attend, xq, blocks, self.kv_b_proj[lo * nv : hi * nv], freqs_cis, layer_idx, offsets,
+            _mla_attend, xq, blocks, on(self.kv_b_proj[lo * nv : hi * nv]), freqs_cis, layer_idx, offsets,
             cache.cache_lengths, cache.lookup_table, _name="mla_attend", nope=self.qk_nope_head_dim,
             v_dim=self.v_head_dim, scale=float(self.scale), interleaved=interleaved,
         )  # fmt: skip  [total, heads * v]
@@ -271,8 +279,9 @@ class TensorParallelLatentAttentionWithRope(LatentAttentionWithRope):
         outs = []
         for i in range(n):
             ctx = self._heads_out(layer_idx, xs[i], kv_collections[i], freqs_cis[i], input_row_offsets[i],
-                                  (i * per, (i + 1) * per))  # fmt: skip  [total, per * v]
-            outs.append(ops.matmul(ctx, ops.transpose(w_o[:, i * per * v : (i + 1) * per * v], 0, 1)))
+                                  (i * per, (i + 1) * per), self.devices[i])  # fmt: skip  [total, per * v]
+            w_i = ops.transfer_to(w_o[:, i * per * v : (i + 1) * per * v], self.devices[i])  # [hidden, per * v]
+            outs.append(ops.matmul(ctx, ops.transpose(w_i, 0, 1)))
         if self.skip_allreduce:
             return outs
         return self.allreduce(outs, signal_buffers)
