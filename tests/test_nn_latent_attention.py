@@ -215,3 +215,17 @@ def test_tensor_parallel_heads_split_over_devices(skip):
         np.testing.assert_allclose(np.asarray(out), want, rtol=2e-5, atol=2e-5)
     with pytest.raises(ValueError, match="divisible"):
         make(None, cls=nn.TensorParallelLatentAttentionWithRope, devices=[DeviceRef.CPU(i) for i in range(3)])
+
+
+@pytest.mark.parametrize("q_lora", [32, None])
+def test_state_dict_keys_shapes_and_scale_are_maxs(q_lora):
+    from max_reference import load
+
+    ref = load("attention_latent")
+    tag = str(q_lora).lower()
+    m = make(q_lora)
+    sd = m.state_dict()
+    assert list(sd) == bytes(ref[f"keys/{tag}"]).decode().split("\n")  # MAX's keys in MAX's order
+    for k, v in sd.items():
+        assert tuple(v.shape) == tuple(ref[f"shape/{tag}/{k}"]), k
+    assert m.scale == pytest.approx(float(ref[f"scale/{tag}"]), rel=1e-12)
