@@ -17,6 +17,10 @@ Math (DeepSeek-V2, arXiv:2405.04434, section 2.1; MAX's Python structure):
   the softmax-weighted latents are up-projected by ``W_uv`` and ``o_proj`` gives
   ``[total, hidden]``. Scale: ``rope.compute_scale(scale or 1 / sqrt(nope + rope))`` (MAX's).
 - The rotation pairs channels as ``rope.interleaved`` says (as :class:`AttentionWithRope`).
+  MAX's MLA kernels take no layout flag (the Mojo kernel decides; DeepSeek's default
+  ``rope_interleave=True`` is the interleaved pairing), so only ``interleaved=True`` is the layout
+  MAX's DeepSeek models are known to use.
+- ``dtype``: MAX accepts bfloat16 only (a limit of its GPU kernels); maxjax also computes float32.
 
 The cache is maxjax's paged cache (:mod:`maxjax.nn.kernels`): ``kv_blocks [pages, 2, layers,
 page_size, 1, kv_lora_rank + qk_rope_head_dim]``. MAX's MLA cache has one slab (``kv_dim`` 1);
