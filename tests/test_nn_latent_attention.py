@@ -229,3 +229,40 @@ def test_state_dict_keys_shapes_and_scale_are_maxs(q_lora):
     for k, v in sd.items():
         assert tuple(v.shape) == tuple(ref[f"shape/{tag}/{k}"]), k
     assert m.scale == pytest.approx(float(ref[f"scale/{tag}"]), rel=1e-12)
+
+
+def test_tensor_parallel_graph_mode():
+    from maxjax.driver import Buffer
+    from maxjax.engine import InferenceSession
+    from maxjax.graph import BufferType, DeviceRef, Graph, TensorType, ops
+
+    n = 2
+    devs = [DeviceRef.CPU(i) for i in range(n)]
+    W = weights(32)
+    m = make(32, cls=nn.TensorParallelLatentAttentionWithRope, devices=devs)
+    m.load_state_dict(W)
+    signals = nn.Signals(devs)
+    per_dev = lambda d: [
+        TensorType(DType.float32, [8, HID], d), BufferType(DType.float32, [4, 2, 1, PAGE, 1, RANK + ROPE], d),
+        TensorType(DType.uint32, [2], d), TensorType(DType.uint32, [2, 2], d), TensorType(DType.float32, [16, ROPE], d),
+        TensorType(DType.uint32, [3], d)]
+    with Graph("tp_mla", input_types=[*per_dev(devs[0]), *per_dev(devs[1]), *signals.input_types()]) as g:
+        ins = g.inputs
+        xs, cs, fs, offs = [], [], [], []
+        for i in range(n):
+            x, blocks, lens, lookup, f, off = ins[6 * i : 6 * i + 6]
+            xs.append(x.tensor); fs.append(f.tensor); offs.append(off.tensor)
+            cs.append(KVCacheInputsPerDevice(blocks.buffer, lens.tensor, lookup.tensor, lens.tensor, lens.tensor, lens.tensor))
+        g.output(*m(ops.constant(0, DType.uint32, devs[0]), xs, ins[6 * n :], cs, fs, offs))
+    model = InferenceSession(devices=[d.to_device() for d in devs]).load(g, weights_registry=m.state_dict())
+    xs_np, f = data(), freqs()
+    pre = np.concatenate([x[:-1] for x in xs_np])
+    args = []
+    for _ in range(n):
+        args += [pre, Buffer.from_numpy(np.zeros((4, 2, 1, PAGE, 1, RANK + ROPE), np.float32)), np.zeros(2, np.uint32),
+                 np.array([[0, 1], [2, 3]], np.uint32), f, np.array([0, 3, 8], np.uint32)]
+    outs = model.execute(*args, *signals.buffers())
+    want = np.concatenate([reference(W, x, f)[:-1] for x in xs_np])
+    assert len(outs) == n
+    for out in outs:
+        np.testing.assert_allclose(out.to_numpy(), want, rtol=2e-5, atol=2e-5)
