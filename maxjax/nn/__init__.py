@@ -1,6 +1,7 @@
 """``maxjax.nn``: MAX's module system (``Module``, ``LayerList``, hooks) and basic layers."""
 
 from maxjax.nn.attention import AttentionWithRope, DistributedAttentionImpl, GGUFQAttentionWithRope, GPTQAttentionWithRope, MultiheadAttention, RaggedAttention
+from maxjax.nn.attention import LatentAttentionWithRope, TensorParallelLatentAttentionWithRope
 from maxjax.nn.comm import Allreduce, Signals
 from maxjax.nn.conv import Conv1D, Conv2d, Conv3D
 from maxjax.nn.conv_transpose import ConvTranspose1d, WeightNormConvTranspose1d
@@ -34,6 +35,7 @@ from maxjax.nn import init  # noqa: E402  (initializers: nn.init.initialize(modu
 
 __all__ = [
     "Allreduce", "AttentionWithRope", "DistributedAttentionImpl", "GGUFQAttentionWithRope", "GPTQAttentionWithRope", "MultiheadAttention", "KVCacheInputs", "KVCacheMetrics", "KVCacheParams", "RaggedAttention", "ReturnHiddenStates",
+    "LatentAttentionWithRope", "TensorParallelLatentAttentionWithRope",
     "build_max_lengths_tensors",
     "ReturnLogits", "Transformer", "RotaryEmbedding", "LinearScalingParams", "Llama3RopeScalingParams",
     "Llama3RotaryEmbedding", "LongRoPERotaryEmbedding", "LongRoPEScalingParams", "YarnRotaryEmbedding", "DynamicRotaryEmbedding", "YarnScalingParams", "Signals", "TransformerBlock",

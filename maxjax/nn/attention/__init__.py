@@ -8,10 +8,11 @@ from maxjax.nn.attention.attention_with_rope import TensorParallelAttentionWithR
 from maxjax.nn.attention.interfaces import DistributedAttentionImpl
 from maxjax.nn.attention.mask_config import AttentionMaskVariant, MHAMaskVariant
 from maxjax.nn.attention.multihead_attention import MultiheadAttention
+from maxjax.nn.attention.multi_latent_attention import LatentAttentionWithRope, TensorParallelLatentAttentionWithRope
 from maxjax.nn.attention.ragged_attention import RaggedAttention
 
 __all__ = [
     "AttentionMaskVariant", "AttentionWithRope", "DistributedAttentionImpl", "GGUFQAttentionWithRope", "GPTQAttentionWithRope", "MHAMaskVariant", "MultiheadAttention", "RaggedAttention",
     "num_heads_for_device",
-    "TensorParallelAttentionWithRope",
+    "TensorParallelAttentionWithRope", "LatentAttentionWithRope", "TensorParallelLatentAttentionWithRope",
 ]
