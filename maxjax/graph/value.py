@@ -357,6 +357,11 @@ class TensorValue(Value):
 
 TensorValueLike = Any
 
+#: MAX's ``Numeric``: the numbers a graph op turns into constants (MAX's type alias, for annotations).
+Numeric = Any
+#: MAX's ``Scalar``: a number or a Dim (MAX's type alias, for annotations).
+Scalar = Any
+
 
 def __getattr__(name: str) -> Any:  # ``maxjax.graph.value.BufferValue`` (MAX's module path)
     if name == "BufferValue":
