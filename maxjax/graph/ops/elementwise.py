@@ -143,22 +143,22 @@ def _weak_to(op: str, value: Any, dtype: DType) -> np.ndarray:
         lo, hi = _FULL_PRECISION[dtype]
         if not lo <= int(value) <= hi:
             raise ValueError(
-                f"{op}: unsafe cast: can't promote python int with value ({value}) to dtype({dtype!r}); "
+                f"{op}: Unsafe cast: can't promote python int with value ({value}) to dtype({dtype!r}); "
                 "it would lose precision"
             )
         return np.asarray(value).astype(jdt)
     if isinstance(value, (float, np.floating)):
         if not dtype.is_float():
-            raise ValueError(f"{op}: unsafe cast: can't promote python float ({value}) to dtype({dtype!r})")
+            raise ValueError(f"{op}: Unsafe cast: can't promote python float ({value}) to dtype({dtype!r})")
         return np.asarray(value).astype(jdt)
     arr = np.asarray(value)
     if arr.dtype.kind == "f" and not dtype.is_float():
-        raise ValueError(f"{op}: unsafe cast: refusing to implicitly promote a float array to dtype({dtype!r})")
+        raise ValueError(f"{op}: Unsafe cast: refusing to implicitly promote a float array to dtype({dtype!r})")
     if arr.dtype.kind in "iu" and arr.size:
         lo, hi = _FULL_PRECISION[dtype]
         if not (lo <= arr.min() and arr.max() <= hi):
             raise ValueError(
-                f"{op}: unsafe cast: refusing to implicitly promote an array with values in "
+                f"{op}: Unsafe cast: refusing to implicitly promote an array with values in "
                 f"[{arr.min()}, {arr.max()}] to dtype({dtype!r}) (precision loss)"
             )
     return arr.astype(jdt)
