@@ -18,6 +18,7 @@ from maxjax.graph.ops.scatter import (
     masked_scatter, nonzero, scatter, scatter_add, scatter_max, scatter_min, scatter_mul, scatter_nd_add,
     scatter_nd_max, scatter_nd_min, scatter_nd_mul,
 )
+from maxjax.graph.ops import irfft as _irfft_module  # noqa: F401 - MAX's module path max.graph.ops.irfft (imported before the function irfft is bound)
 from maxjax.graph.ops.signal import as_interleaved_complex, hann_window, irfft
 from maxjax.graph.ops.conv import conv2d, conv3d
 from maxjax.graph.ops.conv_transpose import conv2d_transpose

@@ -294,8 +294,8 @@ def transpose(x: Any, axis_1: int, axis_2: int) -> Any:
     r = _rank(x)
     if r == 0 and axis_1 in (0, -1) and axis_2 in (0, -1):
         return x if isinstance(x, TensorValue) else apply(_identity, x, _name="transpose")
-    check_axis("transpose", axis_1, r, what="axis_1")
-    check_axis("transpose", axis_2, r, what="axis_2")
+    check_axis("transpose", axis_1, max(r, 1), what="axis_1")  # MAX: a scalar's axes are -1 and 0
+    check_axis("transpose", axis_2, max(r, 1), what="axis_2")
     return apply(_swap, x, _name="transpose", a=axis_1, b=axis_2)
 
 
@@ -411,13 +411,18 @@ def stack(values: Iterable[Any], axis: int = 0) -> Any:
     """Stacks tensors of one shape along a new axis (``axis`` in ``[-rank - 1, rank]``).
 
     Raises:
-        ValueError: no tensors, or different shapes, dtypes or devices.
+        ValueError: no tensors, or different ranks, shapes, dtypes or devices.
         IndexError: ``axis`` out of range.
     """
     vals = list(values)
     if not vals:
-        raise ValueError("stack: expected at least one value to stack")
-    check_axis("stack", axis, _rank(vals[0]), extra=1)
+        raise ValueError("stack: Expected at least one value to stack")
+    rank = _rank(vals[0])
+    if any(_rank(v) != rank for v in vals):  # MAX's messages (max/graph/ops/stack.py)
+        raise ValueError(f"All inputs to stack must be the same rank, got ranks {[_rank(v) for v in vals]}")
+    if any(dtype_of(v) != dtype_of(vals[0]) for v in vals):
+        raise ValueError(f"All inputs to stack must have the same dtype, got {[dtype_of(v) for v in vals]}")
+    check_axis("stack", axis, rank, extra=1)
     _check_joinable("stack", vals, None)
     return apply(_stack, *vals, _name="stack", axis=axis)
 
@@ -605,9 +610,10 @@ def _band_part(x: Any, *, lower: Any, upper: Any, exclude: bool) -> Any:
     i = jnp.arange(m)[:, None]
     j = jnp.arange(n)[None, :]
     keep = jnp.ones((m, n), dtype=bool)
-    if lower is not None and lower >= 0:
+    # a bound of 2**31 - 1 or more keeps every (int32-indexed) row/column: unbounded
+    if lower is not None and 0 <= lower < 2**31 - 1:
         keep = keep & (i - j <= lower)
-    if upper is not None and upper >= 0:
+    if upper is not None and 0 <= upper < 2**31 - 1:
         keep = keep & (j - i <= upper)
     if exclude:
         keep = ~keep
@@ -621,10 +627,22 @@ def band_part(x: Any, num_lower: int | None = None, num_upper: int | None = None
     ``band_part(ones, None, 0)`` is a lower-triangular (causal) mask.
 
     Raises:
-        ValueError: ``x`` has fewer than 2 dims.
+        ValueError: ``x`` has fewer than 2 dims, ``num_lower``/``num_upper`` below -1, or not below
+            the static size of its dim (rows for ``num_lower``, columns for ``num_upper``), as MAX.
     """
+    lo = -1 if num_lower is None else num_lower
+    hi = -1 if num_upper is None else num_upper
+    if lo < -1:
+        raise ValueError(f"band_part: num_lower={lo} must be non-negative")
+    if hi < -1:
+        raise ValueError(f"band_part: num_upper={hi} must be non-negative")
     if _rank(x) < 2:
         raise ValueError(f"band_part: input tensor x.shape={list(x.shape)} must have at least 2 dimensions")
+    m, n = (_static(d) for d in tuple(x.shape)[-2:])
+    if m is not None and lo >= m:
+        raise ValueError(f"band_part: num_lower={lo} is out of bounds for dimension size {m}")
+    if n is not None and hi >= n:
+        raise ValueError(f"band_part: num_upper={hi} is out of bounds for dimension size {n}")
     return apply(_band_part, x, _name="band_part", lower=num_lower, upper=num_upper, exclude=exclude)
 
 
