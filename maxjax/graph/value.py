@@ -214,6 +214,9 @@ class TensorValue(Value):
         return _ops().sqrt(self.var(axis))
 
     def var(self, axis: int = -1) -> "TensorValue":
+        """Variance along ``axis`` (kept as size 1); a bool tensor raises TypeError (MAX)."""
+        if self.dtype is DType.bool:
+            raise TypeError("Variance undefined for boolean values.")
         o = _ops()
         centered = self - o.mean(self, axis=axis)
         return o.mean(centered * centered, axis=axis)

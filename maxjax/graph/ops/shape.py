@@ -742,6 +742,8 @@ def slice_tensor(x: Any, indices: Any) -> Any:
         ValueError: more indices than dims, an int index out of range of a static dim, or a
             slice step of 0.
     """
+    if isinstance(indices, list):  # MAX's SliceIndices: a sequence of indices
+        indices = tuple(indices)
     if not isinstance(indices, tuple):
         indices = (indices,)
     shape = list(x.shape)
