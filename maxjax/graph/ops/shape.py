@@ -128,11 +128,12 @@ def range(
     dtype = dtype if isinstance(dtype, DType) else DType.of(dtype)
     if _is_tensor(start) or _is_tensor(stop) or _is_tensor(step):
         if out_dim is None:
-            raise ValueError("range: dynamic ranges must provide an explicit out_dim (start, stop or step is a tensor)")
+            raise ValueError("range: Dynamic ranges must provide an explicit out_dim (start, stop or step is a tensor)")
         for name, v in (("start", start), ("stop", stop), ("step", step)):
             if _is_tensor(v) and _rank(v) != 0:
-                raise ValueError(f"range: {name} must be a scalar, got shape {list(v.shape)}")
-        return apply(_range_dyn, start, step, _name="range", _dtypes=[dtype], n=_dim(out_dim), dtype=dtype.to_jax())
+                raise ValueError(f"range: range expected scalar values as inputs! ({name} has shape {list(v.shape)})")
+        out = apply(_range_dyn, start, step, _name="range", _dtypes=[dtype], n=_dim(out_dim), dtype=dtype.to_jax())
+        return _on_device(out, device)
     if out_dim is None:
         if isinstance(start, float) or isinstance(stop, float) or isinstance(step, float):
             out_dim = int((stop - start) // step) if step != 0 else 0
@@ -143,7 +144,15 @@ def range(
     n = _dim(out_dim)
     s0 = _dim(start) if not isinstance(start, float) else start
     st = _dim(step) if not isinstance(step, float) else step
-    return apply(_range, _name="range", _dtypes=[dtype], start=s0, step=st, n=n, dtype=dtype.to_jax())
+    return _on_device(apply(_range, _name="range", _dtypes=[dtype], start=s0, step=st, n=n, dtype=dtype.to_jax()), device)
+
+
+def _on_device(out: Any, device: Any) -> Any:
+    """A created value's declared device (MAX's ``device=`` argument) recorded in its graph type,
+    as :func:`transfer_to` records a transfer; XLA places the compiled program."""
+    if device is not None and isinstance(out, TensorValue) and out._node is not None:
+        out._node.device = DeviceRef.from_device(device)
+    return out
 
 
 def _shape_to_tensor(*, shape: Any) -> Any:
