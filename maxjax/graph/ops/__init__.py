@@ -43,6 +43,7 @@ from maxjax.graph.ops.shape import (
     stack, tile, transfer_to, transpose, unsqueeze,
 )
 
+from maxjax.graph.ops import complex  # noqa: E402,A004 - MAX's ops.complex namespace
 from maxjax.graph.ops import random  # noqa: E402 - MAX's ops.random namespace
 __all__ = [
     "conv2d", "conv3d", "group_norm", "buffer_create", "buffer_load", "buffer_store", "buffer_store_slice",

@@ -268,7 +268,13 @@ def _unary(name: str, f: Any) -> Any:
 
 
 add = _binary("add", jnp.add)
-sub = _binary("sub", jnp.subtract)
+def _subtract(a: Any, b: Any) -> Any:
+    # bool - bool: integer arithmetic then "nonzero" (as bool + is "or" and bool * is "and"): xor.
+    # MAX 26.7 builds a bool sub but fails to compile it.
+    return jnp.not_equal(a, b) if a.dtype == jnp.bool_ else jnp.subtract(a, b)
+
+
+sub = _binary("sub", _subtract)
 mul = _binary("mul", jnp.multiply)
 div = _binary("div", jnp.true_divide, kind="div")
 pow = _binary("pow", jnp.power)
