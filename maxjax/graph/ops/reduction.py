@@ -43,7 +43,9 @@ def _mean(x: Any, *, axis: int, keepdims: bool) -> Any:
     # 1, of the negated values -1); a bool mean is True where any value is
     if x.dtype == jnp.bool_:
         return jnp.any(x, axis=axis, keepdims=keepdims)
-    return jnp.mean(x, axis=axis, keepdims=keepdims, dtype=x.dtype)
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        return jnp.mean(x, axis=axis, keepdims=keepdims, dtype=x.dtype)
+    return jnp.mean(x, axis=axis, keepdims=keepdims)
 
 
 _mean.__name__ = "mean"
