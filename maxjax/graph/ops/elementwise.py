@@ -370,3 +370,10 @@ def where(condition: Any, x: Any, y: Any) -> Any:
     x, y, dtype = promote("where", x, y)
     check_same_device("where", cond, x, y)
     return apply(_where, cond, x, y, _name="where", _dtypes=[dtype], dtype=dtype.to_jax())
+
+
+# MAX's names in max.graph.ops.elementwise (``ops.elementwise.max``/``min``); the package exports
+# them as ``ops.max_elementwise``/``ops.min_elementwise`` (``ops.max``/``ops.min`` are reductions).
+# No function of this module calls the builtins max/min.
+max = max_elementwise  # noqa: A001
+min = min_elementwise  # noqa: A001

@@ -464,12 +464,11 @@ def split(x: Any, split_sizes: Sequence[Any], axis: int = 0) -> list[Any]:
     axis = check_axis("split", axis, _rank(x))
     total = x.shape[axis]
     if Dim(builtins.sum(sizes)) != total:
-        raise ValueError(
-            f"split: sizes {sizes} add up to {builtins.sum(sizes)}, but dim {axis} of the input is {total} (split sizes "
-            "must sum to the dimension)"
+        raise ValueError(  # MAX's wording (max/graph/ops/split.py)
+            f"split: Split sizes must sum to dimension value; x.shape[axis]={Dim(total)!r} != sum(sizes={sizes})"
         )
     if any(s < 0 for s in sizes):
-        raise ValueError(f"split: split sizes must be non-negative: sizes={sizes}")
+        raise ValueError(f"split: Split sizes must be positive: sizes={sizes}")
     return list(apply(_split, x, _name="split", sizes=tuple(sizes), axis=axis))
 
 
