@@ -465,7 +465,8 @@ def split(x: Any, split_sizes: Sequence[Any], axis: int = 0) -> list[Any]:
     total = x.shape[axis]
     if Dim(builtins.sum(sizes)) != total:
         raise ValueError(  # MAX's wording (max/graph/ops/split.py)
-            f"split: Split sizes must sum to dimension value; x.shape[axis]={Dim(total)!r} != sum(sizes={sizes})"
+            f"split: sizes {sizes} add up to {builtins.sum(sizes)}, not dim {axis} of the input: "
+            f"Split sizes must sum to dimension value; x.shape[axis]={Dim(total)!r} != sum(sizes={sizes})"
         )
     if any(s < 0 for s in sizes):
         raise ValueError(f"split: Split sizes must be positive: sizes={sizes}")
