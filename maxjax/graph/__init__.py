@@ -10,6 +10,7 @@ from maxjax.graph.buffer import BufferValue
 from maxjax.graph.weight import ShardingStrategy, Weight
 from maxjax.graph.quantization import QuantizationConfig, QuantizationEncoding
 from maxjax.graph import ops
+from maxjax.graph import dtype_promotion  # noqa: E402 - MAX's max.graph.dtype_promotion
 
 __all__ = [
     "AlgebraicDim", "BufferType", "BufferValue", "DType", "DeviceKind", "DeviceRef", "Dim", "DimLike", "Graph", "KernelLibrary", "QuantizationConfig",

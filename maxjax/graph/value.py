@@ -214,6 +214,9 @@ class TensorValue(Value):
         return _ops().sqrt(self.var(axis))
 
     def var(self, axis: int = -1) -> "TensorValue":
+        """Variance along ``axis`` (kept as size 1); a bool tensor raises TypeError (MAX)."""
+        if self.dtype is DType.bool:
+            raise TypeError("Variance undefined for boolean values.")
         o = _ops()
         centered = self - o.mean(self, axis=axis)
         return o.mean(centered * centered, axis=axis)
@@ -356,6 +359,11 @@ class TensorValue(Value):
 
 
 TensorValueLike = Any
+
+#: MAX's ``Numeric``: the numbers a graph op turns into constants (MAX's type alias, for annotations).
+Numeric = Any
+#: MAX's ``Scalar``: a number or a Dim (MAX's type alias, for annotations).
+Scalar = Any
 
 
 def __getattr__(name: str) -> Any:  # ``maxjax.graph.value.BufferValue`` (MAX's module path)

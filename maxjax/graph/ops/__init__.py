@@ -18,6 +18,7 @@ from maxjax.graph.ops.scatter import (
     masked_scatter, nonzero, scatter, scatter_add, scatter_max, scatter_min, scatter_mul, scatter_nd_add,
     scatter_nd_max, scatter_nd_min, scatter_nd_mul,
 )
+from maxjax.graph.ops import irfft as _irfft_module  # noqa: F401 - MAX's module path max.graph.ops.irfft (imported before the function irfft is bound)
 from maxjax.graph.ops.signal import as_interleaved_complex, hann_window, irfft
 from maxjax.graph.ops.conv import conv2d, conv3d
 from maxjax.graph.ops.conv_transpose import conv2d_transpose
@@ -42,6 +43,8 @@ from maxjax.graph.ops.shape import (
     stack, tile, transfer_to, transpose, unsqueeze,
 )
 
+from maxjax.graph.ops import complex  # noqa: E402,A004 - MAX's ops.complex namespace
+from maxjax.graph.ops import random  # noqa: E402 - MAX's ops.random namespace
 __all__ = [
     "conv2d", "conv3d", "group_norm", "buffer_create", "buffer_load", "buffer_store", "buffer_store_slice",
     "conv2d_transpose", "fold", "non_maximum_suppression", "avg_pool2d", "max_pool2d", "roi_align",

@@ -189,7 +189,11 @@ def check_axis(op: str, axis: int, rank: int, *, error: type = IndexError, extra
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
         raise TypeError(f"{op}: {what} must be an int, got {axis!r}")
     if not -n <= axis < n:
-        raise error(f"{op}: {what}={axis} out of range for rank {rank} (expected to be in range of [{-n}, {n - 1}])")
+        name = "" if what == "axis" else f"{what} "  # MAX's wording (max/graph/ops/utils.py)
+        raise error(
+            f"{op}: Axis {name}out of range (expected to be in range of [{-n}, {n - 1}], but got {axis}) "
+            f"for rank {rank}"
+        )
     return int(axis) % n if n else 0
 
 
@@ -205,7 +209,7 @@ def check_same_device(op: str, *values: Any) -> None:
             devices.setdefault(v.device, i)
     if len(devices) > 1:
         listed = ", ".join(f"input {i} on {d}" for d, i in devices.items())
-        raise ValueError(f"{op}: input values must be on the same device, got {listed}")
+        raise ValueError(f"{op}: Input values must be on the same device, got {listed}")
 
 
 def _declared_dtypes(leaves: list[Any], ins: list[Any]) -> list[Any]:

@@ -22,10 +22,30 @@ __all__ = ["conv2d", "conv3d"]
 _SPEC = {2: ("NHWC", {"RSCF": "HWIO", "FCRS": "OIHW"}), 3: ("NDHWC", {"QRSCF": "DHWIO", "FCQRS": "OIDHW"})}
 
 
-def _conv(x: Any, w: Any, *b: Any, stride: tuple, dilation: tuple, padding: tuple, groups: int, lhs: str, rhs: str) -> Any:
+def conv_dtype(op: str, x: Any, filter: Any) -> Any:  # noqa: A002 - MAX's name
+    """MAX's dtype of a convolution: the common dtype of ``x`` and a tensor/Weight ``filter``
+    (bfloat16 with float32 is float32); a NumPy filter in a graph is weak and takes ``x``'s.
+
+    Raises:
+        ValueError: the two dtypes do not promote (elementwise ``common_dtype``'s rule).
+    """
+    from maxjax.graph.ops._core import dtype_of
+    from maxjax.graph.ops.elementwise import _is_strong, common_dtype
+    from maxjax.graph.weight import Weight
+
+    dx = dtype_of(x)
+    if not (_is_strong(filter) or isinstance(filter, Weight)) or dtype_of(filter) is None:
+        return dx
+    return common_dtype(op, dx, dtype_of(filter))
+
+
+def _conv(
+    x: Any, w: Any, *b: Any, stride: tuple, dilation: tuple, padding: tuple, groups: int, lhs: str, rhs: str, dtype: Any
+) -> Any:
     pads = [(padding[2 * i], padding[2 * i + 1]) for i in range(len(stride))]
+    x = x.astype(dtype)  # [N, *spatial, C] in the promoted dtype
     y = jax.lax.conv_general_dilated(
-        x, w.astype(x.dtype), window_strides=stride, padding=pads, rhs_dilation=dilation,
+        x, w.astype(dtype), window_strides=stride, padding=pads, rhs_dilation=dilation,
         dimension_numbers=(lhs, rhs, lhs), feature_group_count=groups, preferred_element_type=jnp.float32,
     )  # fmt: skip
     if b:
@@ -57,8 +77,9 @@ def _run(op: str, n: int, x: Any, filter: Any, stride: Any, dilation: Any, paddi
         raise NotImplementedError(f"{op}: input_layout={input_layout!r}; maxjax takes channels-last inputs (NHWC)")
     rhs = _check(op, x, filter, n, filter_layout, groups, tuple(stride), tuple(dilation), tuple(padding))
     tensors = (x, filter) if bias is None else (x, filter, bias)
+    dtype = conv_dtype(op, x, filter)
     return apply(
-        _conv, *tensors, _name=op, stride=tuple(int(s) for s in stride), dilation=tuple(int(d) for d in dilation),
+        _conv, *tensors, _name=op, _dtypes=[dtype], dtype=dtype.to_jax(), stride=tuple(int(s) for s in stride), dilation=tuple(int(d) for d in dilation),
         padding=tuple(int(p) for p in padding), groups=int(groups), lhs=_SPEC[n][0], rhs=rhs,
     )  # fmt: skip
 

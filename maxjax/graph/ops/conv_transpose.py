@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from maxjax.graph.ops._core import apply
+from maxjax.graph.ops.conv import conv_dtype
 from maxjax.graph.ops.pooling import _static
 from maxjax.graph.type import ConvInputLayout, FilterLayout
 
@@ -38,15 +39,17 @@ _RHS = {"RSCF": ("HWOI", (0, 1)), "CFRS": ("IOHW", (2, 3))}
 
 
 def _conv_transpose(
-    x: Any, w: Any, *, stride: tuple, dilation: tuple, padding: tuple, output_paddings: tuple, lhs: str, rhs: str, flip: tuple
+    x: Any, w: Any, *, stride: tuple, dilation: tuple, padding: tuple, output_paddings: tuple, lhs: str, rhs: str, flip: tuple,
+    dtype: Any,
 ) -> Any:
+    x = x.astype(dtype)  # in the promoted dtype (conv.conv_dtype)
     k = [w.shape[a] for a in flip]  # (kh, kw)
     pads = [
         (dilation[i] * (k[i] - 1) - padding[2 * i], dilation[i] * (k[i] - 1) - padding[2 * i + 1] + output_paddings[i])
         for i in range(2)
     ]  # negative entries crop
     y = jax.lax.conv_general_dilated(
-        x, jnp.flip(w, flip).astype(x.dtype), window_strides=(1, 1), padding=pads, lhs_dilation=stride,
+        x, jnp.flip(w, flip).astype(dtype), window_strides=(1, 1), padding=pads, lhs_dilation=stride,
         rhs_dilation=dilation, dimension_numbers=(lhs, rhs, lhs), preferred_element_type=jnp.float32,
     )  # fmt: skip
     return y.astype(x.dtype)  # [N, H_out, W_out, C_out] (NHWC) or [N, C_out, H_out, W_out] (NCHW)
@@ -97,8 +100,9 @@ def conv2d_transpose(
             size = (n - 1) * stride[i] + dilation[i] * (k - 1) + 1 - padding[2 * i] - padding[2 * i + 1] + output_paddings[i]
             if size <= 0:
                 raise ValueError(f"conv2d_transpose: output spatial dim must be positive, got {size} for axis {axis} (input {n}, kernel {k})")
+    dtype = conv_dtype("conv2d_transpose", x, filter)
     out = apply(
-        _conv_transpose, x, filter, _name="conv2d_transpose", stride=tuple(int(s) for s in stride),
+        _conv_transpose, x, filter, _name="conv2d_transpose", _dtypes=[dtype], dtype=dtype.to_jax(), stride=tuple(int(s) for s in stride),
         dilation=tuple(int(d) for d in dilation), padding=tuple(int(p) for p in padding),
         output_paddings=tuple(int(p) for p in output_paddings), lhs=lhs, rhs=rhs, flip=flip,
     )  # fmt: skip

@@ -143,22 +143,22 @@ def _weak_to(op: str, value: Any, dtype: DType) -> np.ndarray:
         lo, hi = _FULL_PRECISION[dtype]
         if not lo <= int(value) <= hi:
             raise ValueError(
-                f"{op}: unsafe cast: can't promote python int with value ({value}) to dtype({dtype!r}); "
+                f"{op}: Unsafe cast: can't promote python int with value ({value}) to dtype({dtype!r}); "
                 "it would lose precision"
             )
         return np.asarray(value).astype(jdt)
     if isinstance(value, (float, np.floating)):
         if not dtype.is_float():
-            raise ValueError(f"{op}: unsafe cast: can't promote python float ({value}) to dtype({dtype!r})")
+            raise ValueError(f"{op}: Unsafe cast: can't promote python float ({value}) to dtype({dtype!r})")
         return np.asarray(value).astype(jdt)
     arr = np.asarray(value)
     if arr.dtype.kind == "f" and not dtype.is_float():
-        raise ValueError(f"{op}: unsafe cast: refusing to implicitly promote a float array to dtype({dtype!r})")
+        raise ValueError(f"{op}: Unsafe cast: refusing to implicitly promote a float array to dtype({dtype!r})")
     if arr.dtype.kind in "iu" and arr.size:
         lo, hi = _FULL_PRECISION[dtype]
         if not (lo <= arr.min() and arr.max() <= hi):
             raise ValueError(
-                f"{op}: unsafe cast: refusing to implicitly promote an array with values in "
+                f"{op}: Unsafe cast: refusing to implicitly promote an array with values in "
                 f"[{arr.min()}, {arr.max()}] to dtype({dtype!r}) (precision loss)"
             )
     return arr.astype(jdt)
@@ -268,7 +268,13 @@ def _unary(name: str, f: Any) -> Any:
 
 
 add = _binary("add", jnp.add)
-sub = _binary("sub", jnp.subtract)
+def _subtract(a: Any, b: Any) -> Any:
+    # bool - bool: integer arithmetic then "nonzero" (as bool + is "or" and bool * is "and"): xor.
+    # MAX 26.7 builds a bool sub but fails to compile it.
+    return jnp.not_equal(a, b) if a.dtype == jnp.bool_ else jnp.subtract(a, b)
+
+
+sub = _binary("sub", _subtract)
 mul = _binary("mul", jnp.multiply)
 div = _binary("div", jnp.true_divide, kind="div")
 pow = _binary("pow", jnp.power)
@@ -364,3 +370,10 @@ def where(condition: Any, x: Any, y: Any) -> Any:
     x, y, dtype = promote("where", x, y)
     check_same_device("where", cond, x, y)
     return apply(_where, cond, x, y, _name="where", _dtypes=[dtype], dtype=dtype.to_jax())
+
+
+# MAX's names in max.graph.ops.elementwise (``ops.elementwise.max``/``min``); the package exports
+# them as ``ops.max_elementwise``/``ops.min_elementwise`` (``ops.max``/``ops.min`` are reductions).
+# No function of this module calls the builtins max/min.
+max = max_elementwise  # noqa: A001
+min = min_elementwise  # noqa: A001

@@ -38,7 +38,18 @@ def _reducer(name: str, f: Any) -> Any:
 
 
 sum = _reducer("sum", jnp.sum)
-mean = _reducer("mean", jnp.mean)
+def _mean(x: Any, *, axis: int, keepdims: bool) -> Any:
+    # MAX keeps the input dtype: an integer mean truncates toward zero (MAX: mean([1, 2, 2, 2]) is
+    # 1, of the negated values -1); a bool mean is True where any value is
+    if x.dtype == jnp.bool_:
+        return jnp.any(x, axis=axis, keepdims=keepdims)
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        return jnp.mean(x, axis=axis, keepdims=keepdims, dtype=x.dtype)
+    return jnp.mean(x, axis=axis, keepdims=keepdims)
+
+
+_mean.__name__ = "mean"
+mean = _reducer("mean", _mean)
 prod = _reducer("prod", jnp.prod)
 def _reduce_max(x: Any, axis: int, keepdims: bool) -> Any:
     # lax's reduction: an empty axis gives the identity (-inf, the dtype's minimum) instead of

@@ -128,11 +128,12 @@ def range(
     dtype = dtype if isinstance(dtype, DType) else DType.of(dtype)
     if _is_tensor(start) or _is_tensor(stop) or _is_tensor(step):
         if out_dim is None:
-            raise ValueError("range: dynamic ranges must provide an explicit out_dim (start, stop or step is a tensor)")
+            raise ValueError("range: Dynamic ranges must provide an explicit out_dim (start, stop or step is a tensor)")
         for name, v in (("start", start), ("stop", stop), ("step", step)):
             if _is_tensor(v) and _rank(v) != 0:
-                raise ValueError(f"range: {name} must be a scalar, got shape {list(v.shape)}")
-        return apply(_range_dyn, start, step, _name="range", _dtypes=[dtype], n=_dim(out_dim), dtype=dtype.to_jax())
+                raise ValueError(f"range: range expected scalar values as inputs! ({name} has shape {list(v.shape)})")
+        out = apply(_range_dyn, start, step, _name="range", _dtypes=[dtype], n=_dim(out_dim), dtype=dtype.to_jax())
+        return _on_device(out, device)
     if out_dim is None:
         if isinstance(start, float) or isinstance(stop, float) or isinstance(step, float):
             out_dim = int((stop - start) // step) if step != 0 else 0
@@ -143,7 +144,15 @@ def range(
     n = _dim(out_dim)
     s0 = _dim(start) if not isinstance(start, float) else start
     st = _dim(step) if not isinstance(step, float) else step
-    return apply(_range, _name="range", _dtypes=[dtype], start=s0, step=st, n=n, dtype=dtype.to_jax())
+    return _on_device(apply(_range, _name="range", _dtypes=[dtype], start=s0, step=st, n=n, dtype=dtype.to_jax()), device)
+
+
+def _on_device(out: Any, device: Any) -> Any:
+    """A created value's declared device (MAX's ``device=`` argument) recorded in its graph type,
+    as :func:`transfer_to` records a transfer; XLA places the compiled program."""
+    if device is not None and isinstance(out, TensorValue) and out._node is not None:
+        out._node.device = DeviceRef.from_device(device)
+    return out
 
 
 def _shape_to_tensor(*, shape: Any) -> Any:
@@ -294,8 +303,8 @@ def transpose(x: Any, axis_1: int, axis_2: int) -> Any:
     r = _rank(x)
     if r == 0 and axis_1 in (0, -1) and axis_2 in (0, -1):
         return x if isinstance(x, TensorValue) else apply(_identity, x, _name="transpose")
-    check_axis("transpose", axis_1, r, what="axis_1")
-    check_axis("transpose", axis_2, r, what="axis_2")
+    check_axis("transpose", axis_1, max(r, 1), what="axis_1")  # MAX: a scalar's axes are -1 and 0
+    check_axis("transpose", axis_2, max(r, 1), what="axis_2")
     return apply(_swap, x, _name="transpose", a=axis_1, b=axis_2)
 
 
@@ -411,13 +420,18 @@ def stack(values: Iterable[Any], axis: int = 0) -> Any:
     """Stacks tensors of one shape along a new axis (``axis`` in ``[-rank - 1, rank]``).
 
     Raises:
-        ValueError: no tensors, or different shapes, dtypes or devices.
+        ValueError: no tensors, or different ranks, shapes, dtypes or devices.
         IndexError: ``axis`` out of range.
     """
     vals = list(values)
     if not vals:
-        raise ValueError("stack: expected at least one value to stack")
-    check_axis("stack", axis, _rank(vals[0]), extra=1)
+        raise ValueError("stack: Expected at least one value to stack")
+    rank = _rank(vals[0])
+    if any(_rank(v) != rank for v in vals):  # MAX's messages (max/graph/ops/stack.py)
+        raise ValueError(f"All inputs to stack must be the same rank, got ranks {[_rank(v) for v in vals]}")
+    if any(dtype_of(v) != dtype_of(vals[0]) for v in vals):
+        raise ValueError(f"All inputs to stack must have the same dtype, got {[dtype_of(v) for v in vals]}")
+    check_axis("stack", axis, rank, extra=1)
     _check_joinable("stack", vals, None)
     return apply(_stack, *vals, _name="stack", axis=axis)
 
@@ -450,12 +464,12 @@ def split(x: Any, split_sizes: Sequence[Any], axis: int = 0) -> list[Any]:
     axis = check_axis("split", axis, _rank(x))
     total = x.shape[axis]
     if Dim(builtins.sum(sizes)) != total:
-        raise ValueError(
-            f"split: sizes {sizes} add up to {builtins.sum(sizes)}, but dim {axis} of the input is {total} (split sizes "
-            "must sum to the dimension)"
+        raise ValueError(  # MAX's wording (max/graph/ops/split.py)
+            f"split: sizes {sizes} add up to {builtins.sum(sizes)}, not dim {axis} of the input: "
+            f"Split sizes must sum to dimension value; x.shape[axis]={Dim(total)!r} != sum(sizes={sizes})"
         )
     if any(s < 0 for s in sizes):
-        raise ValueError(f"split: split sizes must be non-negative: sizes={sizes}")
+        raise ValueError(f"split: Split sizes must be positive: sizes={sizes}")
     return list(apply(_split, x, _name="split", sizes=tuple(sizes), axis=axis))
 
 
@@ -605,9 +619,10 @@ def _band_part(x: Any, *, lower: Any, upper: Any, exclude: bool) -> Any:
     i = jnp.arange(m)[:, None]
     j = jnp.arange(n)[None, :]
     keep = jnp.ones((m, n), dtype=bool)
-    if lower is not None and lower >= 0:
+    # a bound of 2**31 - 1 or more keeps every (int32-indexed) row/column: unbounded
+    if lower is not None and 0 <= lower < 2**31 - 1:
         keep = keep & (i - j <= lower)
-    if upper is not None and upper >= 0:
+    if upper is not None and 0 <= upper < 2**31 - 1:
         keep = keep & (j - i <= upper)
     if exclude:
         keep = ~keep
@@ -621,10 +636,22 @@ def band_part(x: Any, num_lower: int | None = None, num_upper: int | None = None
     ``band_part(ones, None, 0)`` is a lower-triangular (causal) mask.
 
     Raises:
-        ValueError: ``x`` has fewer than 2 dims.
+        ValueError: ``x`` has fewer than 2 dims, ``num_lower``/``num_upper`` below -1, or not below
+            the static size of its dim (rows for ``num_lower``, columns for ``num_upper``), as MAX.
     """
+    lo = -1 if num_lower is None else num_lower
+    hi = -1 if num_upper is None else num_upper
+    if lo < -1:
+        raise ValueError(f"band_part: num_lower={lo} must be non-negative")
+    if hi < -1:
+        raise ValueError(f"band_part: num_upper={hi} must be non-negative")
     if _rank(x) < 2:
         raise ValueError(f"band_part: input tensor x.shape={list(x.shape)} must have at least 2 dimensions")
+    m, n = (_static(d) for d in tuple(x.shape)[-2:])
+    if m is not None and lo >= m:
+        raise ValueError(f"band_part: num_lower={lo} is out of bounds for dimension size {m}")
+    if n is not None and hi >= n:
+        raise ValueError(f"band_part: num_upper={hi} is out of bounds for dimension size {n}")
     return apply(_band_part, x, _name="band_part", lower=num_lower, upper=num_upper, exclude=exclude)
 
 
@@ -724,6 +751,8 @@ def slice_tensor(x: Any, indices: Any) -> Any:
         ValueError: more indices than dims, an int index out of range of a static dim, or a
             slice step of 0.
     """
+    if isinstance(indices, list):  # MAX's SliceIndices: a sequence of indices
+        indices = tuple(indices)
     if not isinstance(indices, tuple):
         indices = (indices,)
     shape = list(x.shape)
