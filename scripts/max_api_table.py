@@ -66,15 +66,11 @@ REASONS: dict[str, str] = {
     **{f"*.{n}": _REEXPORT for n in "DType DeviceRef Dim TensorType TensorValue BufferValue Weight Graph Module Shardable "
        "ShardingStrategy QuantizationEncoding QuantizationConfig Segment Allreduce Operation InterpolationMode".split()},
     # max.nn (and the same names in its submodules)
-    **_each("TensorParallelLatentAttentionWithRope split_batch split_batch_replicated", _MESH, "nn"),
+    **_each("split_batch split_batch_replicated", _MESH, "nn"),
     **_each("MoEQuantized", _QUANT, "nn"),
-    **_each("LatentAttentionWithRope",
-            _KV, "nn"),
     **_each("HyperConnection", _TODO, "nn"),
     "nn.RMSNorm": "maxjax adds device= (MAX 26.7 puts the weight on the CPU and has no device argument)",
     # max.nn.attention
-    **_each("TensorParallelLatentAttentionWithRope", _MESH, "nn.attention"),
-    **_each("LatentAttentionWithRope", _KV, "nn.attention"),
     # max.nn.conv, embedding, linear, norm, rotary_embedding, transformer
     "nn.norm.RMSNorm": "see max.nn.RMSNorm",
     **_each("LogitsPostprocessMixin",
