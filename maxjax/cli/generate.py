@@ -176,7 +176,10 @@ def memory_report(lm: Any, generation: Any, rss_before_load: int) -> str:
     weights = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree_util.tree_leaves(lm.state))
     kv = generation.kv_cache_bytes
     rest = peak - weights - kv - rss_before_load
-    layout = getattr(lm.program, "quantized_layout", None)
+    from maxjax.graph.quantization import QuantizedArray
+
+    quantized = any(isinstance(x, QuantizedArray) for x in jax.tree.leaves(lm.state, is_leaf=lambda x: isinstance(x, QuantizedArray)))
+    layout = getattr(lm.program, "quantized_layout", None) if quantized else None
     mb = lambda n: f"{n / 1e6:,.0f} MB"  # noqa: E731
     return (
         f"[memory: peak RSS {mb(peak)} = weights {mb(weights)}"
