@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,18 +18,13 @@ import openai
 import pytest
 
 from maxjax._bundled import minilm_dir
+from net_util import free_port
 
 REF = np.load(Path(__file__).parent / "data" / "minilm_reference.npz")
 SENTENCES = [str(s) for s in REF["sentences"]]
 SHORT = [0, 1, 2, 3, 4, 13]  # 4 to 16 tokens: every pass is one [rows, 16] shape
 NAME = "all-MiniLM-L6-v2"
 START_TIMEOUT, WAIT = 240, 60
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cos(a, b) -> np.ndarray:
@@ -40,7 +34,7 @@ def _cos(a, b) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("serve_embeddings") / "server.log"
     argv = [
         sys.executable, "-m", "maxjax.cli", "serve", "--model", str(minilm_dir()), "--port", str(port),

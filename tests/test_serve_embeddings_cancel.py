@@ -5,7 +5,6 @@ queue the same way. Every wait is bounded."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
@@ -15,15 +14,10 @@ import pytest
 from maxjax.models import load_encoder
 from maxjax.serve.app import create_app
 from maxjax.serve.encoder_engine import EncoderEngine
+from net_util import free_port
 
 NAME = "minilm"
 LONG = ["word " * 250] * 64  # 64 rows of 252 tokens: 16 passes of 4 rows, seconds of work
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +30,7 @@ def encoder():
 def _serve(engine: EncoderEngine):
     import uvicorn
 
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(engine, model_name=NAME), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

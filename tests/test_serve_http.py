@@ -10,7 +10,6 @@ import asyncio
 import concurrent.futures
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,17 +19,12 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from net_util import free_port
 
 
 MAX_BATCH, MAX_QUEUE, CONTEXT = 4, 16, 128
 START_TIMEOUT = 420  # seconds for the server to load and compile (a busy CI machine)
 WAIT = 120  # seconds any one request may take
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -51,7 +45,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("serve") / "server.log"
     argv = [
         sys.executable, "-m", "maxjax.cli", "serve", "--port", str(port), "--max-batch", str(MAX_BATCH),

@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from maxjax._bundled import smollm2_gguf_path
 from maxjax.engine.mesh import make_mesh
 from maxjax.graph.weights import GGUFWeights, restore_state, save_state
 from maxjax.models import load_model
+from net_util import free_port
 
 PROMPT = "The quick brown fox"
 NEW = 6
@@ -72,12 +72,6 @@ def test_sharded_checkpoint_restores_onto_another_mesh_and_onto_one_device(tmp_p
             np.testing.assert_array_equal(np.asarray(restored[k]), v, err_msg=k)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _cli(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "maxjax.cli", "generate", "--no-progress", *args], stdout=subprocess.PIPE,
@@ -88,7 +82,7 @@ def _cli(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
 def test_two_processes_share_a_mesh_and_each_reads_only_its_shards():
     """2 processes x 4 CPU devices, one global mesh with tp across the processes (tp=4,dp=2: the first
     axis spans processes): both print the single-process text, each reading about half the weights."""
-    port = _free_port()
+    port = free_port()
     common = ["--cpu-devices", "4", "--mesh", "tp=4,dp=2", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
               "--max-new-tokens", str(NEW), PROMPT]  # fmt: skip
     procs = [_cli(*common, "--process-id", str(i)) for i in range(2)]
@@ -113,7 +107,7 @@ def test_two_processes_share_a_mesh_and_each_reads_only_its_shards():
 
 
 def test_an_unreachable_coordinator_is_a_clear_error_within_its_timeout():
-    port = _free_port()
+    port = free_port()
     t0 = time.monotonic()
     p = _cli("--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", "1", "hi",
              env={"MAXJAX_COORDINATOR_TIMEOUT": "5"})  # fmt: skip

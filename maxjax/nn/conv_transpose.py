@@ -125,7 +125,7 @@ class WeightNormConvTranspose1d(Module):
             length, in_channels, out_channels, dtype, stride, padding, dilation, output_padding, device, has_bias, permute, name
         )
         self.weight_g = Weight(f"{name}.weight_g" if name else "weight_g", dtype, (in_channels, 1, 1), device or DeviceRef.CPU())
-        v_shape = (in_channels, out_channels, length) if permute else (length, out_channels, in_channels)
+        v_shape = self.conv.weight.shape  # the inner layer's filter layout (permute or not)
         self.weight_v = Weight(f"{name}.weight_v" if name else "weight_v", dtype, v_shape, device or DeviceRef.CPU())
         self.bias = self.conv.bias
         # MAX 26.7 deletes conv.weight / conv.bias as attributes, but its Module keeps them

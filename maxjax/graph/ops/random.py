@@ -134,18 +134,7 @@ def gaussian(like: TensorType, mean: Any = 0, std: Any = 1) -> TensorValue:
         RuntimeError: no seed has been set with :func:`set_seed`.
         ValueError: ``mean`` or ``std`` is not a scalar.
     """
-    from maxjax.graph.dtype_promotion import _promote_to_strong
-
-    assert_scalar(mean)
-    assert_scalar(std)
-    seed = _next_seed_for(like.device)
-    m = _promote_to_strong(mean, DType.float32, DeviceRef.CPU())
-    s = _promote_to_strong(std, DType.float32, DeviceRef.CPU())
-    out = apply(
-        _gaussian, seed, m, s, _name="random.gaussian", _dtypes=[like.dtype],
-        shape=_shape(like.shape), dtype=like.dtype.to_jax(), integral=not like.dtype.is_float(),
-    )  # fmt: skip
-    return _placed(out, like.device)
+    return _sample(_gaussian, "random.gaussian", like, mean, std, DType.float32)
 
 
 normal = gaussian
@@ -168,22 +157,24 @@ def uniform(like: TensorType, range: tuple[Any, Any] = (0, 1)) -> TensorValue:  
         RuntimeError: no seed has been set with :func:`set_seed`.
         ValueError: a bound is not a scalar, or does not fit ``like.dtype`` ("Unsafe cast").
     """
+    lower, upper = range
+    return _sample(_uniform, "random.uniform", like, lower, upper, like.dtype)
+
+
+def _sample(kernel: Any, name: str, like: TensorType, a: Any, b: Any, param_dtype: DType) -> TensorValue:
+    """One random op: its two scalar parameters checked and promoted to ``param_dtype``, the
+    graph's next seed, ``kernel(seed, a, b)`` of ``like``'s type, recorded on ``like``'s device."""
     from maxjax.graph.dtype_promotion import _promote_to_strong
 
-    lower, upper = range
-    assert_scalar(lower)
-    assert_scalar(upper)
+    assert_scalar(a)
+    assert_scalar(b)
     seed = _next_seed_for(like.device)
-    lo = _promote_to_strong(lower, like.dtype, DeviceRef.CPU())
-    hi = _promote_to_strong(upper, like.dtype, DeviceRef.CPU())
+    a = _promote_to_strong(a, param_dtype, DeviceRef.CPU())
+    b = _promote_to_strong(b, param_dtype, DeviceRef.CPU())
     out = apply(
-        _uniform, seed, lo, hi, _name="random.uniform", _dtypes=[like.dtype],
+        kernel, seed, a, b, _name=name, _dtypes=[like.dtype],
         shape=_shape(like.shape), dtype=like.dtype.to_jax(), integral=not like.dtype.is_float(),
     )  # fmt: skip
-    return _placed(out, like.device)
-
-
-def _placed(out: TensorValue, device: DeviceRef) -> TensorValue:
     if isinstance(out, TensorValue) and out._node is not None:
-        out._node.device = device  # the value lives on ``like``'s device (as transfer_to records it)
+        out._node.device = like.device  # the value lives on ``like``'s device (as transfer_to records it)
     return out

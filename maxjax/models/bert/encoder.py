@@ -43,15 +43,11 @@ def length_buckets(max_len: int, smallest: int = 16, between: bool = True) -> tu
     (96, 128, 192, ...; at most 1.5x padding); without it, powers of two from ``smallest``. Then
     ``max_len``."""
     out, n = [], smallest
-    if between:
-        while n <= min(FINE_UNTIL, max_len - 1):
-            out.append(n)
-            n += FINE_STEP
-        n = max(n, 2 * FINE_UNTIL) if n > FINE_UNTIL else n
-        if out and out[-1] == FINE_UNTIL and FINE_UNTIL + FINE_UNTIL // 2 < max_len:
-            out.append(FINE_UNTIL + FINE_UNTIL // 2)
     while n < max_len:
         out.append(n)
+        if between and n < FINE_UNTIL:
+            n += FINE_STEP
+            continue
         if between and n >= 4 and n + n // 2 < max_len:
             out.append(n + n // 2)
         n *= 2
