@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +13,7 @@ from maxjax import nn
 from maxjax.dtype import DType
 from maxjax.engine import InferenceSession, Program, enable_compilation_cache
 from maxjax.graph import DeviceRef, Graph, TensorType, ops
+from maxjax.graph.layer_weights import LayerWeights
 from maxjax.graph.scan import find_chains
 
 RNG = np.random.default_rng(4)
@@ -81,20 +84,69 @@ def test_chain_becomes_one_scan_and_matches_unrolled():
     assert sub._trace_count == 1  # the scan body: traced once for six layers
     hlo = model._run.lower(model._state, x).compile().as_text()
     assert "while" in hlo
-    # weights were stacked once at load: one [6, ...] array per placeholder weight
-    assert {k: v.shape for k, v in model._state["stacked"][0].items()}["up.weight"] == (6, 16, D)
+    # placed once at load: one [6, ...] value per placeholder weight (the CPU policy keeps the float
+    # matrices as one buffer per layer, the norm's vector stacked)
+    state = model._state["stacked"][0]
+    assert {k: v.shape for k, v in state.items()} == {
+        "up.weight": (6, 16, D), "up.bias": (6, 16), "down.weight": (6, D, 16), "down.bias": (6, D), "norm.weight": (6, D),
+    } if "up.bias" in state else {"up.weight": (6, 16, D), "down.weight": (6, D, 16), "norm.weight": (6, D)}
+    assert isinstance(state["up.weight"], LayerWeights) and isinstance(state["norm.weight"], jax.Array)
     assert model._state["weights"] == {}
 
 
 def test_compiled_program_does_not_grow_with_depth():
+    """Stacked layer weights: the compiled program is one layer's, whatever the depth."""
     sizes = []
     x = RNG.standard_normal((1, 2, D)).astype(np.float32)
     for n in (2, 16):
         m = Stack(n)
         _load(m)
-        model = InferenceSession().load(Graph("s", forward=m, input_types=_types()), weights_registry=m.state_dict())
-        sizes.append(len(model._run.lower(model._state, x).compile().as_text()))
+        program = Program(Graph("s", forward=m, input_types=_types()), layer_weights="stacked")
+        state = program.prepare(m.state_dict())
+        sizes.append(len(jax.jit(program.apply).lower(state, x).compile().as_text()))
     assert sizes[1] < 1.1 * sizes[0]
+
+
+def test_per_layer_weights_match_stacked_and_grow_by_one_matmul_per_layer():
+    """Per-layer float matrices (the CPU policy's): the same numbers as stacked; the program gains
+    one switch branch (a matmul) per layer and matmul, not a copy of the layer, and no copy of a
+    weight slice: XLA:CPU's dynamic-slice of the stack is gone."""
+    x = RNG.standard_normal((1, 2, D)).astype(np.float32)
+    texts = {}
+    for n in (2, 16):
+        m = Stack(n)
+        sd = _load(m)
+        g = Graph("s", forward=m, input_types=_types())
+        outs = {}
+        for mode in ("stacked", "per_layer"):
+            program = Program(g, layer_weights=mode)
+            state = program.prepare(m.state_dict())
+            compiled = jax.jit(program.apply).lower(state, x).compile()
+            texts[(n, mode)] = compiled.as_text()
+            outs[mode] = np.asarray(compiled(state, x)[0])
+            if mode == "per_layer":
+                assert isinstance(state["stacked"][0]["up.weight"], LayerWeights)
+                assert len(state["stacked"][0]["up.weight"].layers) == n
+                # unstack maps the state (or its gradients) back to registry names
+                key = f"layers.{n - 1}.up.weight"
+                assert np.array_equal(np.asarray(program.unstack(state)[key]), sd[key])
+        np.testing.assert_allclose(outs["per_layer"], outs["stacked"], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(outs["per_layer"], _reference(sd, x, n), rtol=1e-5, atol=1e-5)
+    def weight_slices(text):  # dynamic slices with a weight matrix's shape ([16, 8] up, [8, 16] down)
+        return re.findall(r"f32\[(?:16,8|8,16)\]\{[0-9,]*\} (?:dynamic-slice|fusion)\([^)]*\).*dynamic.slice", text)
+
+    assert weight_slices(texts[(16, "stacked")])
+    assert not weight_slices(texts[(16, "per_layer")])
+    assert texts[(16, "per_layer")].count("conditional(") >= 2
+    grown = len(texts[(16, "per_layer")]) - len(texts[(2, "per_layer")])
+    assert grown < 14 * 2 * 0.25 * len(texts[(2, "stacked")])  # 14 more layers x 2 matmuls, each far less than a layer
+
+
+def test_per_layer_refused_name():
+    m = Stack(2)
+    _load(m)
+    with pytest.raises(ValueError, match="layer_weights must be one of"):
+        Program(Graph("s", forward=m, input_types=_types()), layer_weights="unrolled")
 
 
 def test_scan_switch_off_and_fallbacks_stay_correct():

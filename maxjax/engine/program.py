@@ -22,11 +22,13 @@ import jax
 import numpy as np
 
 from maxjax.backend import BackendPolicy, policy_for
+from maxjax.backend.policy import LAYER_WEIGHTS
 from maxjax.driver import jax_device_of, to_host_array, to_jax_array
 from maxjax.dtype import DType
 from maxjax.graph.graph import Graph, did_you_mean
 from maxjax.graph.quantization import LAYOUTS
 from maxjax.engine.placement import place_layers, place_sharded
+from maxjax.graph.layer_weights import LayerWeights
 from maxjax.graph.scan import chain_shared_keys, evaluate, find_chains
 from maxjax.graph.type import Shape
 
@@ -51,10 +53,16 @@ class Program:
             or of JAX's default backend).
         devices: the devices the program runs on (``maxjax.driver.Device``, ``jax.Device`` or
             ``DeviceRef``); the first is where unplaced weights go.
+        layer_weights: how the float matrices of scanned layers are held: ``"stacked"`` (one
+            ``[layers, ...]`` array, sliced by the scan) or ``"per_layer"`` (one buffer per layer,
+            a :class:`~maxjax.graph.layer_weights.LayerWeights`: read in place by ``Linear``'s
+            matmul; not for training, whose gradients would be one array per layer and branch);
+            None: the backend policy's ``layer_weights``. Quantized and mesh-sharded weights are
+            always stacked.
 
     Raises:
         TypeError: ``graph`` is not a maxjax Graph.
-        ValueError: the graph has no output; an unknown ``quantized_layout``.
+        ValueError: the graph has no output; an unknown ``quantized_layout`` or ``layer_weights``.
     """
 
     def __init__(
@@ -66,6 +74,7 @@ class Program:
         quantized_layout: str | None = None,
         policy: BackendPolicy | None = None,
         devices: Any = None,
+        layer_weights: str | None = None,
     ):
         if not isinstance(graph, Graph):
             raise TypeError(f"expected a maxjax Graph, got {type(graph).__name__}")
@@ -78,6 +87,9 @@ class Program:
         self.graph = graph
         self.remat = remat
         self.quantized_layout = quantized_layout or self.policy.quantized_layout
+        if layer_weights is not None and layer_weights not in LAYER_WEIGHTS:
+            raise ValueError(f"layer_weights must be one of {LAYER_WEIGHTS} or None, got {layer_weights!r}")
+        self.layer_weights = layer_weights or self.policy.layer_weights
         self.chains = find_chains(graph) if scan else []
         stacked_names = {p + k for c in self.chains for k, e in c.sub._weights.items() if e.placeholder for p in c.prefixes}
         in_chain = {n.id for c in self.chains for n in c.nodes}
@@ -145,7 +157,11 @@ class Program:
                     continue
                 values = [registry[p + k] for p in chain.prefixes]
                 w = entry.weight  # layer 0's: every layer of a chain has its shape, layout and sharding
-                placed[k] = self._place(w, values, self._target(w, device, stacked=True), k in chain.sub._packed_only, True)
+                target = self._target(w, device, stacked=True)
+                if self._per_layer(w, target):  # one buffer per layer, no stacking copy
+                    placed[k] = LayerWeights([self._place(w, [v], self._target(w, device), False, False) for v in values])
+                else:
+                    placed[k] = self._place(w, values, target, k in chain.sub._packed_only, True)
                 for p in chain.prefixes:
                     tick(p + k)
             stacked.append(placed)
@@ -179,6 +195,17 @@ class Program:
             return jax.device_put(w.as_value(value), target)
         return to_jax_array(value, target)
 
+    def _per_layer(self, w: Any, target: Any) -> bool:
+        """Whether a chain's placeholder weight ``w`` is kept as one buffer per layer: a float
+        matrix (not quantized, not split over a mesh) under ``layer_weights="per_layer"``."""
+        return (
+            self.layer_weights == "per_layer"
+            and len(w.stored_shape) >= 2
+            and not w._is_gguf_quantized()
+            and w._quantized_class() is None
+            and not isinstance(target, jax.sharding.NamedSharding)
+        )
+
     @staticmethod
     def _target(w: Any, device: Any, stacked: bool = False) -> Any:
         if w.sharding is not None:
@@ -206,7 +233,7 @@ class Program:
         for chain, stacked in zip(self.chains, tree["stacked"]):
             for k, v in stacked.items():
                 for i, p in enumerate(chain.prefixes):
-                    out[p + k] = jax.tree.map(lambda a, i=i: a[i], v)
+                    out[p + k] = v.layers[i] if isinstance(v, LayerWeights) else jax.tree.map(lambda a, i=i: a[i], v)
         return out
 
 

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxjax.graph.graph import Graph, Node
+from maxjax.graph.layer_weights import LayerIndexed, LayerWeights, materialize
 from maxjax.graph.value import TensorValue
 
 __all__ = ["Chain", "find_chains", "evaluate"]
@@ -182,8 +183,13 @@ def run_chain(
     ys_pos = chain.ys_positions
     n_args = len(sub._input_types)
 
-    def body(carry: tuple[Any, ...], x: tuple[Any, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        w_slice, xs_vals = x
+    per_layer = {k: v for k, v in stacked.items() if isinstance(v, LayerWeights)}
+    arrays = {k: v for k, v in stacked.items() if not isinstance(v, LayerWeights)}
+
+    def body(carry: tuple[Any, ...], x: tuple[Any, Any, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        w_slice, xs_vals, layer = x
+        if per_layer:
+            w_slice = {**w_slice, **{k: LayerIndexed(v.layers, layer) for k, v in per_layer.items()}}
         args: list[Any] = [None] * n_args
         for j, v in inv.items():
             args[j] = v
@@ -199,7 +205,8 @@ def run_chain(
         body = jax.checkpoint(body)  # type: ignore[assignment]
     init = tuple(first_args[j] for j in carry_pos)
     xs = tuple(jnp.stack([a[i] for a in xs_args]) for i in range(len(xs_pos)))
-    final, ys = jax.lax.scan(body, init, (dict(stacked), xs))
+    layers = jnp.arange(len(chain.nodes), dtype=jnp.int32)
+    final, ys = jax.lax.scan(body, init, (arrays, xs, layers))
     n_out = len(chain.nodes[0].out_avals)
     last_out: list[Any] = [None] * n_out
     for j, v in zip(carry_pos, final):
@@ -264,6 +271,8 @@ def evaluate(
             continue
         if kind == "op":
             a = [arg(x) for x in node.args]
+            if not getattr(node.fn, "accepts_layer_indexed", False):
+                a = [materialize(x) for x in a]
             kw = concretize(node.static, env) if node.static else {}
             if getattr(node.fn, "uses_policy", False):
                 kw = {**kw, **with_policy}
@@ -277,7 +286,8 @@ def evaluate(
         elif kind == "const":
             vals[node.id] = [node.extra]
         elif kind == "call":
-            vals[node.id] = node.extra.run(weights, [arg(x) for x in node.args], policy)
+            plain = {k: materialize(v) for k, v in weights.items()}  # a call inside a scanned layer: arrays
+            vals[node.id] = node.extra.run(plain, [materialize(arg(x)) for x in node.args], policy)
         else:  # pragma: no cover
             raise AssertionError(kind)
-    return [arg(o) for o in graph._outputs]
+    return [materialize(arg(o)) for o in graph._outputs]

@@ -31,6 +31,7 @@ from maxjax.dtype import DType
 from maxjax.graph import ops
 from maxjax.graph.quantization import QuantizationConfig, QuantizationEncoding
 from maxjax.graph.quantization.gptq import gptq_matmul
+from maxjax.graph.ops.nn import matmul_transposed
 from maxjax.graph.sharding import Segment, ShardingStrategy
 from maxjax.graph.type import DeviceRef, Dim
 from maxjax.graph.value import TensorValue
@@ -97,7 +98,7 @@ def linear(
         return y if x.dtype == DType.float32 else y.cast(x.dtype)
     if quant_config is not None:
         return quantized_matmul(x, weight, weight_scale, input_scale, quant_config, weight_scale_2)
-    return x @ weight.T
+    return matmul_transposed(x, weight)
 
 
 def quantized_matmul(

@@ -128,7 +128,9 @@ class Trainer:
             raise ValueError(f"the mesh has axes {tuple(mesh.axis_names)}, not the data axis {data_axis!r}")
         module.raw_state_dict()  # every weight by its fully-qualified name before tracing
         self.graph = Graph("train_step", forward=module, input_types=[TensorType(DType.int32, ["batch", "seq"])])
-        self.program = Program(self.graph, scan=scan, remat=remat, quantized_layout=quantized_layout, policy=policy)
+        self.program = Program(
+            self.graph, scan=scan, remat=remat, quantized_layout=quantized_layout, policy=policy, layer_weights="stacked"
+        )  # stacked: a per-layer weight's gradient would be one array per layer and switch branch
         prepared = self.program.prepare(module.state_dict(auto_initialize=False))
         #: state entry name -> the registry names it holds (one, or one per layer of a stack)
         self.entries: dict[str, list[str]] = {}

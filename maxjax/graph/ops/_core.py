@@ -19,6 +19,9 @@ Two attributes of an op function change how it is called (set them with :func:`o
   (``qmatmul``, ``dequantize``, ``gather`` of rows) and calls their methods. Any other op that
   is given a quantized weight reads its raw GGUF bytes, as in MAX; in a graph that weight is then
   pinned to the packed layout (``Graph._packed_only``).
+- ``accepts_layer_indexed``: inside a scanned layer whose weights are kept per layer, the op
+  takes a :class:`~maxjax.graph.layer_weights.LayerIndexed` weight (the matmul of ``Linear``) and
+  runs on the indexed layer in place; any other op gets the layer's array.
 - ``uses_policy``: the op takes a ``policy=`` keyword, the
   :class:`~maxjax.backend.BackendPolicy` of the program being traced (the default backend's when
   it runs eagerly or infers shapes).
@@ -46,12 +49,15 @@ __all__ = [
 ]  # fmt: skip
 
 
-def op_traits(*, accepts_quantized: bool = False, uses_policy: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def op_traits(
+    *, accepts_quantized: bool = False, uses_policy: bool = False, accepts_layer_indexed: bool = False
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator marking an op function's traits (see the module docstring)."""
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
         fn.accepts_quantized = accepts_quantized  # type: ignore[attr-defined]
         fn.uses_policy = uses_policy  # type: ignore[attr-defined]
+        fn.accepts_layer_indexed = accepts_layer_indexed  # type: ignore[attr-defined]
         return fn
 
     return mark

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from maxjax.graph.ops._core import apply, check_same_device, dtype_of, op_traits
 from maxjax.graph.type import Dim
+from maxjax.graph.layer_weights import LayerIndexed
 from maxjax.graph.quantization import as_quantized
 
 __all__ = ["matmul", "softmax", "logsoftmax", "layer_norm", "rms_norm", "dequantize", "qmatmul"]
@@ -62,6 +63,49 @@ def matmul(lhs: Any, rhs: Any) -> Any:
 
 def _softmax(x: Any, *, axis: int) -> Any:
     return jax.nn.softmax(x, axis=axis)
+
+
+@op_traits(uses_policy=True, accepts_layer_indexed=True)
+def _matmul_t(x: Any, w: Any, *, policy: Any, dtype: Any = None) -> Any:
+    if isinstance(w, LayerIndexed):  # a per-layer weight in a scanned layer: each layer's buffer in place
+        return w.apply(lambda layer: _matmul_t(x, layer, policy=policy, dtype=dtype))
+    if dtype is not None:
+        x, w = jax.lax.convert_element_type(x, dtype), jax.lax.convert_element_type(w, dtype)
+    return policy.matmul_t(x, w)
+
+
+def matmul_transposed(lhs: Any, rhs: Any) -> Any:
+    """``lhs @ rhs.T`` for a weight ``rhs [out, in]``: ``lhs [..., in]`` -> ``[..., out]``, with
+    :func:`matmul`'s checks and dtype promotion, formed by the backend policy's ``matmul_t`` (which
+    contracts the weight in its stored layout; XLA:CPU materialises ``rhs.T`` for one-row products).
+    What ``Linear`` and ``linear`` compute for float weights. Not one of MAX's op names.
+
+    Raises:
+        ValueError: as :func:`matmul` (shapes named).
+    """
+    from maxjax.graph.ops.elementwise import common_dtype
+
+    check_same_device("matmul", lhs, rhs)
+    if hasattr(lhs, "shape") and hasattr(rhs, "shape"):
+        if len(rhs.shape) != 2:
+            raise ValueError(f"matmul_transposed: the weight must have rank 2 [out, in], got shape {list(rhs.shape)}")
+        _check_matmul(lhs, _Transposed(rhs.shape))
+    dl, dr = dtype_of(lhs), dtype_of(rhs)
+    if dl is None or dr is None or dl == dr:
+        return apply(_matmul_t, lhs, rhs, _name="matmul")
+    dtype = common_dtype("matmul", dl, dr)
+    return apply(_matmul_t, lhs, rhs, _name="matmul", _dtypes=[dtype], dtype=dtype.to_jax())
+
+
+class _Transposed:
+    """The shape of ``w.T`` for :func:`_check_matmul`'s messages, without building the transpose."""
+
+    def __init__(self, shape: Any) -> None:
+        self.shape = list(shape)[::-1]
+        self.dtype = None
+
+    def __repr__(self) -> str:
+        return f"weight.T{self.shape}"
 
 
 def softmax(value: Any, axis: int = -1) -> Any:
