@@ -85,8 +85,13 @@ def matmul_transposed(lhs: Any, rhs: Any) -> Any:
     """
     from maxjax.graph.ops.elementwise import common_dtype
 
+    from maxjax.graph.value import TensorValue
+    from maxjax.graph.weight import Weight
+
+    if isinstance(rhs, Weight) and isinstance(lhs, TensorValue) and lhs._graph is not None:
+        rhs = rhs._resolve(lhs._graph)  # its value in the graph: the laid-out shape on a mesh
     check_same_device("matmul", lhs, rhs)
-    if hasattr(lhs, "shape") and hasattr(rhs, "shape"):
+    if hasattr(lhs, "shape") and hasattr(rhs, "shape") and not isinstance(rhs, Weight):
         if len(rhs.shape) != 2:
             raise ValueError(f"matmul_transposed: the weight must have rank 2 [out, in], got shape {list(rhs.shape)}")
         _check_matmul(lhs, _Transposed(rhs.shape))
