@@ -149,15 +149,18 @@ class BackendPolicy:
         """``jnp.einsum`` at this policy's precision."""
         return jnp.einsum(spec, *operands, precision=self.precision)
 
-    def matmul_t(self, x: Any, w: Any) -> Any:
+    def matmul_t(self, x: Any, w: Any, weight_left: bool = True) -> Any:
         """``x @ w.T``: ``x [..., in]``, ``w [out, in]`` -> ``[..., out]``.
 
         The one place the weight-side products of the linear layers and quantized weights are
-        written. With 2 to :attr:`weight_left_max_rows` rows in ``x`` it runs weight-left (see the
-        module docstring); results are equal up to the order of the float32 sums.
+        written. With 2 to :attr:`weight_left_max_rows` rows in ``x`` (and ``weight_left``) it runs
+        weight-left (see the module docstring); results are equal up to the order of the float32
+        sums, which then depends on the number of rows. ``weight_left=False`` (float ``Linear``
+        layers) keeps each row's result independent of the other rows for 2 rows and more (a
+        sentence alone and in a padded batch give the same numbers).
         """
         rows = math.prod(x.shape[:-1])  # symbolic while a Graph is built with symbolic dimensions
-        n = self.weight_left_max_rows
+        n = self.weight_left_max_rows if weight_left else 0
         if n and w.ndim == 2 and isinstance(rows, (int, np.integer)) and 1 < rows <= n:
             flat = x.reshape(rows, x.shape[-1])
             y = lax.dot_general(w, flat, (((1,), (1,)), ((), ())), precision=self.precision)
