@@ -149,27 +149,32 @@ class BackendPolicy:
         """``jnp.einsum`` at this policy's precision."""
         return jnp.einsum(spec, *operands, precision=self.precision)
 
-    def matmul_t(self, x: Any, w: Any, weight_left: bool = True) -> Any:
+    def matmul_t(self, x: Any, w: Any, stored: bool = False) -> Any:
         """``x @ w.T``: ``x [..., in]``, ``w [out, in]`` -> ``[..., out]``.
 
         The one place the weight-side products of the linear layers and quantized weights are
-        written. With 2 to :attr:`weight_left_max_rows` rows in ``x`` (and ``weight_left``) it runs
-        weight-left (see the module docstring); results are equal up to the order of the float32
-        sums, which then depends on the number of rows. ``weight_left=False`` (float ``Linear``
-        layers) keeps each row's result independent of the other rows for 2 rows and more (a
-        sentence alone and in a padded batch give the same numbers).
+        written. ``stored``: ``w`` is an array as stored (a float ``Linear``'s weight), not one
+        computed in the program (a dequantized weight).
+
+        - A computed weight with 2 to :attr:`weight_left_max_rows` rows in ``x`` runs weight-left
+          (see the module docstring); results are equal up to the order of the float32 sums, which
+          then depends on the number of rows. Otherwise ``jnp.matmul(x, w.T)``: for one row XLA:CPU
+          fuses the dequantization and the transpose into the product (a Q4_1 SmolLM2 decodes at
+          35 tokens/s so, 9 with the stored form below).
+        - A stored weight is contracted in its stored layout (``lax.dot_general`` over its axis 1):
+          ``jnp.matmul(x, w.T)`` leaves a transpose that XLA:CPU materialises for one row (a float32
+          ``[2048, 8192]`` weight times one row: 97 ms, against 3.8 ms; never slower at 32 and 128
+          rows). Never weight-left, so each row's result is independent of the other rows from
+          2 rows on (a sentence alone and in a padded batch give the same numbers).
         """
+        if stored and w.ndim == 2 and x.dtype == w.dtype:
+            return lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), precision=self.precision)
         rows = math.prod(x.shape[:-1])  # symbolic while a Graph is built with symbolic dimensions
-        n = self.weight_left_max_rows if weight_left else 0
+        n = 0 if stored else self.weight_left_max_rows
         if n and w.ndim == 2 and isinstance(rows, (int, np.integer)) and 1 < rows <= n:
             flat = x.reshape(rows, x.shape[-1])
             y = lax.dot_general(w, flat, (((1,), (1,)), ((), ())), precision=self.precision)
             return lax.optimization_barrier(y).T.reshape(*x.shape[:-1], w.shape[0])
-        if w.ndim == 2 and x.dtype == w.dtype:
-            # contract x's last axis with w's axis 1 in place: ``jnp.matmul(x, w.T)`` leaves a
-            # transpose that XLA:CPU materialises for one row (a [2048, 8192] float32 weight
-            # times one row: 97 ms, against 3.8 ms here; never slower at 32 and 128 rows)
-            return lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), precision=self.precision)
         return jnp.matmul(x, w.T, precision=self.precision)
 
     def row_chunks(self, rows: int, lead: Any) -> int:

@@ -71,7 +71,7 @@ def _matmul_t(x: Any, w: Any, *, policy: Any, dtype: Any = None) -> Any:
         return w.apply(lambda layer: _matmul_t(x, layer, policy=policy, dtype=dtype))
     if dtype is not None:
         x, w = jax.lax.convert_element_type(x, dtype), jax.lax.convert_element_type(w, dtype)
-    return policy.matmul_t(x, w, weight_left=False)  # row-count invariant: see BackendPolicy.matmul_t
+    return policy.matmul_t(x, w, stored=True)
 
 
 def matmul_transposed(lhs: Any, rhs: Any) -> Any:
