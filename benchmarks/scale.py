@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+
 HERE = pathlib.Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 ROOT = HERE.parent
@@ -71,6 +73,7 @@ def worker_maxjax(req: dict) -> dict:
     out["peak_rss"] = _status("VmHWM")
     out["tokens"] = [int(t) for t in g.token_ids[:8]]
     out["quantized_layout"] = lm.program.quantized_layout
+    out["layer_weights"] = lm.program.layer_weights
     assert np.isfinite(out["decode_tok_s"])
     return out
 
@@ -112,20 +115,39 @@ def worker_llama(req: dict) -> dict:
     return out
 
 
-def read_bandwidth() -> float:
-    """Single-thread read bandwidth (GB/s): the best of 3 NumPy sums over 1 GiB."""
+def read_bandwidth(threads: int = 1) -> float:
+    """Read bandwidth (GB/s) with ``threads`` threads: the best of 3 NumPy sums over 1 GiB, split
+    in ``threads`` parts summed at once (NumPy releases the GIL while it sums)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import numpy as np
 
     a = np.ones(1 << 27, np.float64)
+    parts = np.array_split(a, threads)
     best = 0.0
-    for _ in range(3):
-        t0 = time.perf_counter()
-        a.sum()
-        best = max(best, a.nbytes / (time.perf_counter() - t0) / 1e9)
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(3):
+            t0 = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            best = max(best, a.nbytes / (time.perf_counter() - t0) / 1e9)
     return best
 
 
 def bytes_per_token(path: str) -> int:
+    """Bytes of weights read per decoded token: every tensor's, the token embedding's only when it
+    is also the output head (a GGUF file, or a Hugging Face directory's ``model.safetensors``)."""
+    if os.path.isdir(path):
+        from safetensors import safe_open
+
+        with safe_open(os.path.join(path, "model.safetensors"), "np") as f:
+            names = set(f.keys())
+            total = 0
+            for n in names:
+                if n == "model.embed_tokens.weight" and "lm_head.weight" in names:
+                    continue
+                sl = f.get_slice(n)
+                total += int(np.prod(sl.get_shape())) * {"BF16": 2, "F16": 2, "F32": 4}[sl.get_dtype()]
+        return total
     import gguf
 
     r = gguf.GGUFReader(path)
@@ -159,6 +181,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=int, default=3600)
     ap.add_argument("--steps", type=int, default=STEPS, help="decode steps timed (default 64)")
     ap.add_argument("--smollm2", action=argparse.BooleanOptionalAction, default=True, help="include SmolLM2-135M")
+    ap.add_argument("--safetensors", default="", help="sizes to add as bfloat16 Hugging Face directories (maxjax only: "
+                    "llama.cpp reads GGUF), e.g. 1b")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -176,21 +200,28 @@ def main() -> None:
     for size in [s for s in a.sizes.split(",") if s]:
         for qtype in a.types.split(","):
             models.append((f"synthetic {SHAPE[size]}", qtype, str(synth.ensure(SHAPE[size], qtype))))
+    for size in [s for s in a.safetensors.split(",") if s]:
+        models.append((f"synthetic {SHAPE[size]}", "bf16", str(synth.ensure(SHAPE[size], fmt="safetensors"))))
     features = cpu_vector_features()
-    bw = read_bandwidth()
-    print(f"CPU vector features: {features}; single-thread read bandwidth {bw:.1f} GB/s; cores {len(os.sched_getaffinity(0))}")
+    cores = len(os.sched_getaffinity(0))
+    bw, bw_all = read_bandwidth(1), read_bandwidth(cores)
+    print(f"CPU vector features: {features}; read bandwidth {bw:.1f} GB/s (1 thread), {bw_all:.1f} GB/s ({cores} threads)")
     rows = []
     have_llama = os.path.exists(a.llama_python)
     for name, qtype, path in models:
-        warm(path)
-        size = os.path.getsize(path)
+        file = os.path.join(path, "model.safetensors") if os.path.isdir(path) else path
+        warm(file)
+        size = os.path.getsize(file)
         bpt = bytes_per_token(path)
-        row = {"model": name, "type": qtype, "file_bytes": size, "bytes_per_token": bpt, "bound_tok_s_1thread": bw * 1e9 / bpt}
+        row = {"model": name, "type": qtype, "file_bytes": size, "bytes_per_token": bpt,
+               "bound_tok_s_1thread": bw * 1e9 / bpt, "bound_tok_s_all_threads": bw_all * 1e9 / bpt}  # fmt: skip
         row["maxjax"] = mj = run([sys.executable], {"engine": "maxjax", "model": path, "steps": a.steps}, a.timeout)
-        if have_llama and "prompt_ids" in mj:
+        if "decode_tok_s" in mj:
+            row["maxjax_share_of_bound_all_threads"] = mj["decode_tok_s"] / row["bound_tok_s_all_threads"]
+        if have_llama and "prompt_ids" in mj and not os.path.isdir(path):
             row["llama.cpp"] = run([a.llama_python], {"engine": "llama", "model": path, "prompt_ids": mj["prompt_ids"], "steps": a.steps}, a.timeout)
         rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("maxjax", "llama.cpp")}))
+        print(json.dumps({k: v for k, v in row.items() if k not in ("maxjax", "llama.cpp")}), flush=True)
         for eng in ("maxjax", "llama.cpp"):
             r = row.get(eng)
             if r is None:
@@ -207,8 +238,8 @@ def main() -> None:
                              "decode": mj["decode_tok_s"] / l["decode_tok_s"], "ttft": mj["ttft_s"] / l["ttft_s"]}  # fmt: skip
             print("  maxjax/llama.cpp: " + ", ".join(f"{k} {v:.2f}x" for k, v in row["ratios"].items()))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = {"machine": platform.platform(), "cpu_vector_features": features, "cores": len(os.sched_getaffinity(0)),
-           "read_bandwidth_1thread_gb_s": bw, "steps": a.steps, "rows": rows,
+    out = {"machine": platform.platform(), "cpu_vector_features": features, "cores": cores,
+           "read_bandwidth_1thread_gb_s": bw, "read_bandwidth_all_threads_gb_s": bw_all, "steps": a.steps, "rows": rows,
            "load_average": os.getloadavg()}  # fmt: skip
     (RESULTS / "scale.json").write_text(json.dumps(out, indent=1, default=str))
     plot(rows, features, RESULTS / "scale.png")
@@ -234,6 +265,7 @@ def plot(rows: list[dict], features: dict, path: pathlib.Path) -> None:
         if key == "decode_tok_s":
             xs = [r["file_bytes"] / 1e6 for r in rows]
             ax.scatter(xs, [r["bound_tok_s_1thread"] for r in rows], marker="x", color="k", label="1-thread bandwidth bound")
+            ax.scatter(xs, [r["bound_tok_s_all_threads"] for r in rows], marker="+", color="k", label="all-thread bandwidth bound")
         if key == "peak_rss":
             xs = sorted(r["file_bytes"] / 1e6 for r in rows)
             ax.plot(xs, xs, "k:", label="file size")
