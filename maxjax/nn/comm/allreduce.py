@@ -1,9 +1,12 @@
-"""``Signals`` and ``Allreduce``: MAX's communication helpers for per-device programs.
+"""``Signals`` and ``Allreduce``: MAX's communication helpers for per-device programs
+(``max.nn.comm.allreduce``).
 
-MAX's GPU allreduce kernels synchronise through signal buffers, one per device, passed to the
-graph as inputs. JAX needs none: maxjax's ``Signals`` gives the same graph inputs and buffers (a
-few bytes each) so a MAX program runs unchanged, and the collectives check their count as MAX
-does. Unlike MAX's, it accepts CPU devices (a per-device program then runs on host devices).
+MAX's GPU collective kernels synchronise through signal buffers, one per device, passed to the
+graph as buffer inputs (:class:`~maxjax.graph.type.BufferType`, read in a graph as
+``graph.inputs[i].buffer``). JAX needs none: maxjax's ``Signals`` gives the same graph inputs and
+buffers (a few bytes each, never read or written) so a MAX program runs unchanged, and the
+collectives check their count and devices as MAX does. Unlike MAX's, it accepts CPU devices (a
+per-device program then runs on host devices).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any, Iterable, Sequence
 from maxjax.driver import Buffer
 from maxjax.dtype import DType
 from maxjax.graph import ops
-from maxjax.graph.type import DeviceRef, TensorType
+from maxjax.graph.type import BufferType, DeviceRef
 from maxjax.nn.layer import Module
 
 __all__ = ["Allreduce", "Signals"]
@@ -32,9 +35,9 @@ class Signals:
     def __init__(self, devices: Iterable[Any]) -> None:
         self.devices: list[DeviceRef] = [DeviceRef.from_device(d) for d in devices]
 
-    def input_types(self) -> list[TensorType]:
-        """One uint8 ``[NUM_BYTES]`` graph input per device."""
-        return [TensorType(DType.uint8, [self.NUM_BYTES], d) for d in self.devices]
+    def input_types(self) -> list[BufferType]:
+        """One uint8 ``[NUM_BYTES]`` buffer graph input per device (MAX's ``BufferType``)."""
+        return [BufferType(DType.uint8, [self.NUM_BYTES], d) for d in self.devices]
 
     def buffers(self) -> list[Buffer]:
         """The buffers to pass for :meth:`input_types`, zero-filled, one on each device."""
