@@ -2,11 +2,16 @@
 (``max.nn.comm.allreduce``).
 
 MAX's GPU collective kernels synchronise through signal buffers, one per device, passed to the
-graph as buffer inputs (:class:`~maxjax.graph.type.BufferType`, read in a graph as
-``graph.inputs[i].buffer``). JAX needs none: maxjax's ``Signals`` gives the same graph inputs and
-buffers (a few bytes each, never read or written) so a MAX program runs unchanged, and the
-collectives check their count and devices as MAX does. Unlike MAX's, it accepts CPU devices (a
-per-device program then runs on host devices).
+graph as buffer inputs (read in a graph as ``graph.inputs[i].buffer``). JAX needs none: maxjax's
+``Signals`` gives the same graph inputs and buffers (a few bytes each, never read or written) so a
+MAX program runs unchanged, and the collectives check their count and devices as MAX does. Unlike
+MAX's, it accepts CPU devices (a per-device program then runs on host devices).
+
+MAX's signal inputs are ``BufferType``s. maxjax's are :class:`SignalBufferType`, a ``TensorType``
+whose graph input also answers ``.buffer`` (with itself): a maxjax ``BufferType`` input is
+returned by the program as a hidden output, which would make every program read the per-device
+signal buffers (committed to different devices, which one jitted program refuses); a tensor input
+that nothing reads is dropped by ``jax.jit``.
 """
 
 from __future__ import annotations
@@ -16,10 +21,20 @@ from typing import Any, Iterable, Sequence
 from maxjax.driver import Buffer
 from maxjax.dtype import DType
 from maxjax.graph import ops
-from maxjax.graph.type import BufferType, DeviceRef
+from maxjax.graph.type import DeviceRef, TensorType
 from maxjax.nn.layer import Module
 
-__all__ = ["Allreduce", "Signals"]
+__all__ = ["Allreduce", "SignalBufferType", "Signals"]
+
+
+class SignalBufferType(TensorType):
+    """The graph input type of one signal buffer (see the module docstring): a ``TensorType``
+    whose graph input's ``.buffer`` is the input itself."""
+
+    __slots__ = ()
+
+    #: read by :attr:`maxjax.graph.value.TensorValue.buffer`
+    is_signal_buffer = True
 
 
 class Signals:
@@ -35,9 +50,10 @@ class Signals:
     def __init__(self, devices: Iterable[Any]) -> None:
         self.devices: list[DeviceRef] = [DeviceRef.from_device(d) for d in devices]
 
-    def input_types(self) -> list[BufferType]:
-        """One uint8 ``[NUM_BYTES]`` buffer graph input per device (MAX's ``BufferType``)."""
-        return [BufferType(DType.uint8, [self.NUM_BYTES], d) for d in self.devices]
+    def input_types(self) -> list[SignalBufferType]:
+        """One uint8 ``[NUM_BYTES]`` graph input per device (:class:`SignalBufferType`; MAX's are
+        ``BufferType``s: see the module docstring)."""
+        return [SignalBufferType(DType.uint8, [self.NUM_BYTES], d) for d in self.devices]
 
     def buffers(self) -> list[Buffer]:
         """The buffers to pass for :meth:`input_types`, zero-filled, one on each device."""
