@@ -1,7 +1,7 @@
 """MAX's distributed graph ops on host devices: ``ops.reducescatter.sum``,
 ``ops.distributed_broadcast``, ``ops.distributed_scatter``, ``ops.shard_and_stack`` against NumPy
-in graph mode (Graph + InferenceSession) and eagerly on arrays placed on 2-4 CPU devices (the
-conftest gives 8); MAX's build-time errors (messages from MAX 26.7's source, checked by running
+in graph mode (Graph + InferenceSession), eagerly on arrays placed on 2-4 CPU devices (the
+conftest gives 8) and under ``jax.jit``; MAX's build-time errors (messages from MAX 26.7's source, checked by running
 it); ``ops.distributed_ep`` (records MAX's output types, raises NotImplementedError when run);
 ``maxjax.nn.comm.ep``'s arithmetic (numbers from MAX 26.7) and ``maxjax.nn.parallel``.
 """
@@ -124,6 +124,28 @@ def test_shard_and_stack_of_a_symbolic_dim_divides_it():
         outs = ops.shard_and_stack([g.inputs[0].tensor], CPU[:2])
     assert str(out.shape[1]) == "n" or out.shape[1] == g.inputs[0].tensor.shape[0]
     assert all(o.shape[1] == g.inputs[0].tensor.shape[0] // 2 for o in outs)
+
+
+def test_the_ops_run_under_jax_jit():
+    import jax
+
+    x = RNG.standard_normal((5, 4)).astype(np.float32)
+    bufs = nn.Signals(CPU[:3]).buffers()
+
+    def run(a, b):
+        outs = [
+            *ops.reducescatter.sum([a, b, a], bufs),
+            *ops.distributed_broadcast(a, bufs),
+            *ops.distributed_scatter([a, b], bufs),
+            *ops.shard_and_stack([a, b], CPU[:2], axis=1),
+        ]
+        return [o.to_jax() for o in outs]
+
+    got = jax.jit(run)(x, 2 * x)
+    total = 4 * x
+    want = [total[:2], total[2:4], total[4:], x, x, x, x, x, 2 * x, np.stack([x[:, :2], 2 * x[:, :2]]), np.stack([x[:, 2:], 2 * x[:, 2:]])]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), w, rtol=1e-6)
 
 
 # -- MAX's build-time errors -------------------------------------------------------------------
