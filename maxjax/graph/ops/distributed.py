@@ -143,7 +143,8 @@ def shard_and_stack(inputs: Sequence[Any], devices: Sequence[Any], axis: int = 0
     for i, x in enumerate(xs[1:], 1):
         if x.dtype != xs[0].dtype:
             raise ValueError(
-                f"All input tensors must have the same dtype. Input 0 has dtype {xs[0].dtype}, but input {i} has dtype {x.dtype}"
+                f"All input tensors must have the same dtype. Input 0 has dtype {xs[0].dtype}, but input {i} has "
+                f"dtype {x.dtype}"
             )
     for i, x in enumerate(xs[1:], 1):
         if x.shape != xs[0].shape:

@@ -115,7 +115,8 @@ def dispatch_bf16(
         ValueError: no input tokens (MAX's check).
         NotImplementedError: when run (eagerly at once; in a graph when it is compiled).
     """
-    return _dispatch("dispatch_bf16", input_tokens, topk_ids, (send_ptrs, recv_ptrs, recv_count_ptrs), (), output_types_per_device)
+    ptrs = (send_ptrs, recv_ptrs, recv_count_ptrs)
+    return _dispatch("dispatch_bf16", input_tokens, topk_ids, ptrs, (), output_types_per_device)
 
 
 def dispatch_fp8(
@@ -146,7 +147,8 @@ def dispatch_fp8(
         ValueError: no input tokens (MAX's check).
         NotImplementedError: when run (eagerly at once; in a graph when it is compiled).
     """
-    return _dispatch("dispatch_fp8", input_tokens, topk_ids, (send_ptrs, recv_ptrs, recv_count_ptrs), (), output_types_per_device)
+    ptrs = (send_ptrs, recv_ptrs, recv_count_ptrs)
+    return _dispatch("dispatch_fp8", input_tokens, topk_ids, ptrs, (), output_types_per_device)
 
 
 def dispatch_block_scaled_nv(
@@ -245,7 +247,8 @@ def dispatch_mxfp4(
         ValueError: no input tokens (MAX's check).
         NotImplementedError: when run (eagerly at once; in a graph when it is compiled).
     """
-    return _dispatch("dispatch_mxfp4", input_tokens, topk_ids, (send_ptrs, recv_ptrs, recv_count_ptrs), (), output_types_per_device)
+    ptrs = (send_ptrs, recv_ptrs, recv_count_ptrs)
+    return _dispatch("dispatch_mxfp4", input_tokens, topk_ids, ptrs, (), output_types_per_device)
 
 
 def combine(
@@ -278,7 +281,8 @@ def combine(
     """
     if len(input_tokens) == 0:
         raise ValueError("input_tokens must be non-empty")
+    ptrs = [send_ptrs, recv_ptrs, recv_count_ptrs]
     return [
-        _record("combine", [input_tokens[i], src_info[i], send_ptrs, recv_ptrs, recv_count_ptrs, router_weights[i]], [t])[0]
+        _record("combine", [input_tokens[i], src_info[i], *ptrs, router_weights[i]], [t])[0]
         for i, t in enumerate(output_types)
     ]

@@ -58,17 +58,23 @@ def sum(  # noqa: A001 - MAX's name
         raise ValueError("reducescatter.sum operation requires at least one input")
     group_size = group_size or num_devices
     if group_size < 1:
-        raise ValueError(f"reducescatter.sum operation requires group_size to be at least 1. Got: group_size={group_size}")
+        raise ValueError(
+            f"reducescatter.sum operation requires group_size to be at least 1. Got: group_size={group_size}"
+        )
     if num_devices % group_size != 0:
         raise ValueError(
             "reducescatter.sum operation requires group_size to evenly divide the number of input tensors. Got: "
             f"group_size={group_size} and num_devices={num_devices}"
         )
     if not all(x.dtype == inputs[0].dtype for x in inputs[1:]):
-        raise ValueError(f"reducescatter.sum operation must have the same dtype across all input tensors. Got: inputs={inputs}")
+        raise ValueError(
+            f"reducescatter.sum operation must have the same dtype across all input tensors. Got: inputs={inputs}"
+        )
     rank = inputs[0].rank
     if not all(x.rank == rank for x in inputs[1:]):
-        raise ValueError(f"reducescatter.sum operation must have the same rank across all input tensors. Got: inputs={inputs}")
+        raise ValueError(
+            f"reducescatter.sum operation must have the same rank across all input tensors. Got: inputs={inputs}"
+        )
     for start in builtins.range(0, num_devices, group_size):
         group = inputs[start : start + group_size]
         if not all(x.shape == group[0].shape for x in group[1:]):
