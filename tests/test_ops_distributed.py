@@ -1,5 +1,6 @@
 """MAX's distributed graph ops on host devices: ``ops.reducescatter.sum``,
-``ops.distributed_broadcast``, ``ops.distributed_scatter``, ``ops.shard_and_stack`` against NumPy
+``ops.distributed_broadcast``, ``ops.distributed_scatter``, ``ops.shard_and_stack``,
+``ops.allgather_rms_norm``, ``ops.reduce_scatter_rms_norm``, ``ops.bundled_allreduce.sum`` against NumPy
 in graph mode (Graph + InferenceSession), eagerly on arrays placed on 2-4 CPU devices (the
 conftest gives 8) and under ``jax.jit``; MAX's build-time errors (messages from MAX 26.7's source, checked by running
 it); ``ops.distributed_ep`` (records MAX's output types, raises NotImplementedError when run);
@@ -153,6 +154,73 @@ def test_the_ops_run_under_jax_jit():
         np.testing.assert_allclose(np.asarray(g), w, rtol=1e-6)
 
 
+# -- allgather_rms_norm / reduce_scatter_rms_norm / bundled_allreduce -------------------------------
+
+
+def _bf16(a):
+    return np.asarray(jnp.asarray(a, jnp.bfloat16))
+
+
+def _rms(x, gamma, eps, offset):  # float32 statistics, weight applied before the cast (MAX's fused norm)
+    x = x.astype(np.float32)
+    return _bf16(x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * (gamma.astype(np.float32) + offset))
+
+
+def test_allgather_rms_norm_is_allgather_then_rms_norm():
+    n, eps, offset = 3, 1e-5, 1.0
+    xs = [_bf16(RNG.standard_normal((r, 8))) for r in (2, 3, 2)]
+    gammas = [_bf16(RNG.standard_normal(8))] * n
+    gathered = np.concatenate(xs).astype(np.float32)
+    types = [TensorType(DType.bfloat16, [x.shape[0], 8], CPU[i]) for i, x in enumerate(xs)]
+    types += [TensorType(DType.bfloat16, [8], CPU[i]) for i in range(n)]
+
+    def build(t, b):
+        normed, residual = ops.allgather_rms_norm(t[:n], b, t[n:], eps, weight_offset=offset)
+        return [*normed, *residual]
+
+    graph_outs, got = _run_graph("agn", types, n, build, *xs, *gammas)
+    assert [o.device for o in graph_outs] == CPU[:n] * 2
+    normed, residual = ops.allgather_rms_norm(_placed(xs, CPU), nn.Signals(CPU[:n]).buffers(), gammas, eps, offset)
+    want = _rms(gathered, gammas[0], eps, offset)
+    for out in [*got[:n], *normed]:
+        np.testing.assert_allclose(np.asarray(out, np.float32), want.astype(np.float32), rtol=1e-2, atol=1e-2)
+    for out in [*got[n:], *residual]:
+        np.testing.assert_array_equal(np.asarray(out, np.float32), gathered)
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_reduce_scatter_rms_norm_sums_in_float32_adds_the_residual_rows_and_norms(with_residual):
+    n, eps = 2, 1e-6
+    xs = [_bf16(RNG.standard_normal((5, 8))) for _ in range(n)]
+    gammas = [_bf16(RNG.standard_normal(8)) for _ in range(n)]
+    res = _bf16(RNG.standard_normal((5, 8)))
+    total = sum(x.astype(np.float32) for x in xs) + (res.astype(np.float32) if with_residual else 0)
+    parts = [total[:3], total[3:]]  # ragged: 3 rows, then 2
+    residuals = _placed([res] * n, CPU) if with_residual else None
+    normed, residual = ops.reduce_scatter_rms_norm(
+        _placed(xs, CPU), nn.Signals(CPU[:n]).buffers(), gammas, eps, residuals=residuals
+    )
+    assert [o.device for o in normed + residual] == CPU[:n] * 2
+    if not with_residual:  # the same numbers under jax.jit
+        import jax
+
+        bufs = nn.Signals(CPU[:n]).buffers()
+        jitted = jax.jit(lambda *a: [o.to_jax() for pair in ops.reduce_scatter_rms_norm(a[:n], bufs, a[n:], eps) for o in pair])
+        for j, e in zip(jitted(*xs, *gammas), [*normed, *residual]):
+            np.testing.assert_array_equal(np.asarray(j, np.float32), np.asarray(e, np.float32))
+    for i in range(n):
+        np.testing.assert_array_equal(np.asarray(residual[i], np.float32), _bf16(parts[i]).astype(np.float32))
+        want = _rms(parts[i], gammas[i], eps, 0.0).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(normed[i], np.float32), want, rtol=1e-2, atol=1e-2)
+
+
+def test_bundled_allreduce_sums_like_allreduce():
+    xs = [RNG.standard_normal((2, 3)).astype(np.float32) for _ in range(2)]
+    _, got = _run_graph("ba", [TensorType(F32, [2, 3], d) for d in CPU[:2]], 2, ops.bundled_allreduce.sum, *xs)
+    for out in got:
+        np.testing.assert_allclose(out, xs[0] + xs[1], rtol=1e-6)
+
+
 # -- MAX's build-time errors -------------------------------------------------------------------
 
 
@@ -164,6 +232,12 @@ def _build_error(fn, types, n_signal_devices):
 
 
 T = TensorType
+
+
+def BF(device):  # noqa: N802 - a type constructor, like T
+    return TensorType(DType.bfloat16, [4, 4], device)
+
+
 ERRORS = [
     (lambda t, b: ops.reducescatter.sum(t, b[:1]), [T(F32, [4, 2], CPU[0]), T(F32, [4, 2], CPU[1])], CPU[:2], ValueError,
      "expected number of inputs (2) and number of signal buffers (1) to match"),
@@ -207,6 +281,18 @@ ERRORS = [
      "Input value must be on the host device"),
     (lambda t, b: ops.shard_and_stack(t, CPU[:3]), [T(F32, [10, 4], CPU[0])], [], ValueError,
      "Dimension size along axis 0 (10) must be evenly divisible by number of devices (3)"),
+    (lambda t, b: ops.allgather_rms_norm(t[:1], b[:1], t[1:], 1e-5), [BF(CPU[0]), T(DType.bfloat16, [4], CPU[0])], CPU[:1],
+     ValueError, "allgather_rms_norm requires at least two inputs (one per device); the all-gather is a no-op otherwise. Got: 1"),
+    (lambda t, b: ops.allgather_rms_norm(t, b, t, 1e-5), [T(F32, [2, 4], CPU[0]), T(F32, [2, 4], CPU[1])], CPU[:2], ValueError,
+     "allgather_rms_norm is bfloat16-only (the kernel and fuse threshold assume it). Got: DType.float32"),
+    (lambda t, b: ops.allgather_rms_norm(t, b, t, 1e-5), [T(DType.bfloat16, [2, 4, 1], d) for d in CPU[:2]], CPU[:2],
+     ValueError, "allgather_rms_norm is 2D-only ([rows, cols]); the fused kernel indexes rows and cols directly. Got rank: 3"),
+    (lambda t, b: ops.reduce_scatter_rms_norm(t, b, t, 1e-5, residuals=t[:1]), [BF(CPU[0]), BF(CPU[1])], CPU[:2], ValueError,
+     "expected number of inputs (2) and number of residuals (1) to match"),
+    (lambda t, b: ops.reduce_scatter_rms_norm(t, b, t, 1e-5, group_size=1), [BF(CPU[0]), BF(CPU[1])], CPU[:2], ValueError,
+     "reduce_scatter_rms_norm requires group_size to be at least 2 (the reduce-scatter is a no-op otherwise). Got: group_size=1"),
+    (lambda t, b: ops.reduce_scatter_rms_norm(t, b, t, 1e-5), [BF(CPU[0]), BF(CPU[0])], CPU[:2], ValueError,
+     "reduce_scatter_rms_norm requires unique devices across its input tensors."),
 ]  # fmt: skip
 
 
