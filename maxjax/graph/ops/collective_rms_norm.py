@@ -110,7 +110,8 @@ def allgather_rms_norm(
     group_size = _check(op, "all-gather", inputs, signal_buffers, gammas, group_size)
     if inputs[0].rank != 2:
         raise ValueError(
-            f"{op} is 2D-only ([rows, cols]); the fused kernel indexes rows and cols directly. Got rank: {inputs[0].rank}"
+            f"{op} is 2D-only ([rows, cols]); the fused kernel indexes rows and cols directly. "
+            f"Got rank: {inputs[0].rank}"
         )
     _check_group_size(op, "all-gather", len(inputs), group_size)
     if any(t.shape[1] != inputs[0].shape[1] for t in inputs[1:]):
@@ -186,7 +187,9 @@ def reduce_scatter_rms_norm(
     for start in builtins.range(0, n, group_size):
         group = inputs[start : start + group_size]
         if not all(t.shape == group[0].shape for t in group[1:]):
-            raise ValueError(f"{op} requires the same shape across all input tensors in each group. Got: inputs={inputs}")
+            raise ValueError(
+                f"{op} requires the same shape across all input tensors in each group. Got: inputs={inputs}"
+            )
     if any(list(t.shape)[1:] != list(inputs[0].shape)[1:] for t in inputs[1:]):
         raise ValueError(
             f"{op} requires the same shape in all dimensions except axis 0 (rows) across every input tensor, including "
@@ -199,7 +202,9 @@ def reduce_scatter_rms_norm(
                 f"{r.shape}/{r.dtype} vs input {x.shape}/{x.dtype}"
             )
         if not _traced(r, x) and r.device != x.device:
-            raise ValueError(f"{op} requires each residual to live on its input's device. Got {r.device} vs {x.device}")
+            raise ValueError(
+                f"{op} requires each residual to live on its input's device. Got {r.device} vs {x.device}"
+            )
     _check_unique(op, inputs)
     normed, residual = [], []
     for start in builtins.range(0, n, group_size):
