@@ -397,6 +397,14 @@ def test_ep_config_checks_are_maxs(kw, message, monkeypatch):
         EPConfig(**{**base, **kw})
 
 
+def test_multicast_pool_sizing_is_maxs_and_allocation_takes_maxs_fallback():
+    from maxjax.nn.comm import MulticastPool
+
+    sizes = [MulticastPool.capacity_bytes(*a) for a in [(4, 1024, 4096), (2, 1024, 4096), (8, 1 << 20, 8192), (4, 0, 4096)]]
+    assert sizes == [8388608, 0, 0, 0]  # MAX 26.7's
+    assert MulticastPool.allocate([CPUDevice()], 1024) is None
+
+
 # -- nn.parallel ---------------------------------------------------------------------------------
 
 

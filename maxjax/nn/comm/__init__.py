@@ -2,6 +2,6 @@
 :class:`Allreduce` (:mod:`maxjax.nn.comm.allreduce`), and the expert-parallel configuration
 (:mod:`maxjax.nn.comm.ep`)."""
 
-from maxjax.nn.comm.allreduce import Allreduce, SignalBufferType, Signals
+from maxjax.nn.comm.allreduce import Allreduce, MulticastPool, SignalBufferType, Signals
 
-__all__ = ["Allreduce", "SignalBufferType", "Signals"]
+__all__ = ["Allreduce", "MulticastPool", "SignalBufferType", "Signals"]

@@ -24,7 +24,7 @@ from maxjax.graph import ops
 from maxjax.graph.type import DeviceRef, TensorType
 from maxjax.nn.layer import Module
 
-__all__ = ["Allreduce", "SignalBufferType", "Signals"]
+__all__ = ["Allreduce", "MulticastPool", "SignalBufferType", "Signals"]
 
 
 class SignalBufferType(TensorType):
@@ -70,3 +70,37 @@ class Allreduce(Module):
 
     def __call__(self, inputs: Sequence[Any], signal_buffers: Sequence[Any]) -> list[Any]:
         return ops.allreduce.sum(inputs, signal_buffers)
+
+
+class MulticastPool:
+    """The symmetric multicast pool of MAX's NVSwitch (NVLS) allreduce (MAX's ``MulticastPool``).
+
+    MAX sizes it with :meth:`capacity_bytes` and allocates it with :meth:`allocate`, which returns
+    ``None`` wherever multicast is unavailable, and its allreduce then runs peer to peer. maxjax
+    has no multicast memory (XLA moves the values), so :meth:`allocate` always takes MAX's
+    fallback and returns ``None``; the sizing is MAX's.
+    """
+
+    #: MAX: no allreduce kernel reads the pool yet
+    ENABLED = False
+    #: NVSwitch multicast pays from four ranks
+    MIN_DEVICES = 4
+    #: above this the pool costs more memory than the collective saves
+    MAX_BYTES = 512 * 1024 * 1024
+    #: allreduce operands are bfloat16 activations
+    _ACTIVATION_BYTES = 2
+
+    @staticmethod
+    def capacity_bytes(num_devices: int, num_tokens: int, hidden_size: int) -> int:
+        """Usable per-device pool bytes, ``num_tokens * hidden_size * 2`` (a bfloat16
+        ``[num_tokens, hidden_size]`` allreduce operand), or 0: fewer than :attr:`MIN_DEVICES`
+        devices, no tokens or hidden size, or more than :attr:`MAX_BYTES`."""
+        if num_devices < MulticastPool.MIN_DEVICES or num_tokens <= 0 or hidden_size <= 0:
+            return 0
+        payload = num_tokens * hidden_size * MulticastPool._ACTIVATION_BYTES
+        return 0 if payload > MulticastPool.MAX_BYTES else payload
+
+    @staticmethod
+    def allocate(devices: Sequence[Any], byte_size: int) -> None:
+        """MAX's fallback result ``None`` (no multicast memory on maxjax; see the class docstring)."""
+        return None
