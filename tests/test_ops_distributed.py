@@ -20,7 +20,8 @@ from maxjax.driver import CPU as CPUDevice
 from maxjax.dtype import DType
 from maxjax.engine import InferenceSession
 from maxjax.graph import BufferType, DeviceRef, Dim, Graph, TensorType, ops
-from maxjax.nn.comm.ep import EPConfig, calculate_ep_max_tokens_per_rank, estimate_ep_memory_usage
+from maxjax.nn.comm.ep import EPConfig, calculate_ep_max_tokens_per_rank
+from maxjax.nn.comm.ep.ep_config import estimate_ep_memory_usage
 from maxjax.nn.parallel import ParallelArrayOps
 
 F32 = DType.float32
