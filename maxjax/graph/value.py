@@ -87,6 +87,21 @@ class TensorValue(Value):
         tv._graph, tv._node, tv._index, tv._array = None, None, 0, array
         return tv
 
+    @property
+    def buffer(self) -> "TensorValue":
+        """MAX's ``Value.buffer``: a tensor is not a buffer (TypeError), except a graph input of a
+        signal-buffer type (:class:`maxjax.nn.comm.SignalBufferType`), which stands for its buffer:
+        the collectives only count signal buffers and read their devices.
+
+        Raises:
+            TypeError: any other tensor value.
+        """
+        node = self._node
+        if node is not None and node.kind == "input":
+            if getattr(self._graph._input_types[node.extra], "is_signal_buffer", False):
+                return self
+        raise TypeError(f"{self!r} is not a buffer value")
+
     # -- what backs this value ---------------------------------------------------------------
     @property
     def _aval(self) -> Any:

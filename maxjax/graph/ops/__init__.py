@@ -45,6 +45,10 @@ from maxjax.graph.ops.shape import (
 
 from maxjax.graph.ops import complex  # noqa: E402,A004 - MAX's ops.complex namespace
 from maxjax.graph.ops import random  # noqa: E402 - MAX's ops.random namespace
+from maxjax.graph.ops import distributed_ep, reducescatter  # noqa: E402 - MAX's ops.distributed_ep / ops.reducescatter namespaces
+from maxjax.graph.ops.distributed import distributed_broadcast, distributed_scatter, shard_and_stack  # noqa: E402
+from maxjax.graph.ops import bundled_allreduce  # noqa: E402 - MAX's ops.bundled_allreduce namespace
+from maxjax.graph.ops.collective_rms_norm import allgather_rms_norm, reduce_scatter_rms_norm  # noqa: E402
 __all__ = [
     "conv2d", "conv3d", "group_norm", "buffer_create", "buffer_load", "buffer_store", "buffer_store_slice",
     "conv2d_transpose", "fold", "non_maximum_suppression", "avg_pool2d", "max_pool2d", "roi_align",
@@ -64,3 +68,5 @@ __all__ += [
     "hann_window", "irfft", "masked_scatter", "nonzero", "parallel", "scatter", "scatter_add", "scatter_max",
     "scatter_min", "scatter_mul", "scatter_nd_add", "scatter_nd_max", "scatter_nd_min", "scatter_nd_mul", "while_loop",
 ]  # fmt: skip
+__all__ += ["distributed_broadcast", "distributed_ep", "distributed_scatter", "reducescatter", "shard_and_stack"]
+__all__ += ["allgather_rms_norm", "bundled_allreduce", "reduce_scatter_rms_norm"]
