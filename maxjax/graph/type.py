@@ -417,6 +417,9 @@ class Type:
 
     __slots__ = ()
 
+    def __class_getitem__(cls, item: Any) -> type:  # MAX's Type is generic: ``Type[Any]`` in annotations
+        return cls
+
 
 class TensorType(Type):
     """The type of a tensor value: dtype, shape (static and symbolic dims) and device.
