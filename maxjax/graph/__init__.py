@@ -2,6 +2,7 @@
 
 from maxjax.dtype import DType
 from maxjax.graph.graph import Graph, KernelLibrary
+from maxjax.graph.graph import register_kernel  # maxjax: a JAX implementation of a custom kernel (ops.custom)
 from maxjax.graph.type import (
     AlgebraicDim, BufferType, DeviceKind, DeviceRef, Dim, DimLike, Shape, ShapeLike, StaticDim, SymbolicDim, TensorType, Type,
 )
@@ -17,3 +18,4 @@ __all__ = [
     "QuantizationEncoding", "Shape", "ShapeLike", "ShardingStrategy", "StaticDim", "SymbolicDim",
     "TensorType", "TensorValue", "TensorValueLike", "Type", "Value", "Weight", "ops",
 ]  # fmt: skip
+__all__ += ["register_kernel"]

@@ -64,3 +64,5 @@ __all__ += [
     "hann_window", "irfft", "masked_scatter", "nonzero", "parallel", "scatter", "scatter_add", "scatter_max",
     "scatter_min", "scatter_mul", "scatter_nd_add", "scatter_nd_max", "scatter_nd_min", "scatter_nd_mul", "while_loop",
 ]  # fmt: skip
+from maxjax.graph.ops.custom import custom, inplace_custom  # noqa: E402 - MAX's ops.custom / ops.inplace_custom
+__all__ += ["custom", "inplace_custom"]
