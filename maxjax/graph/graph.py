@@ -336,15 +336,16 @@ class Graph:
         extensions = list(custom_extensions or ())
         if extensions:
             raise NotImplementedError(
-                f"Graph(custom_extensions=...): maxjax cannot load Mojo kernels ({[str(p) for p in extensions]}); register "
-                "a JAX implementation of each kernel with maxjax.graph.register_kernel(name) and call it with ops.custom"
+                f"Graph(custom_extensions=...): maxjax cannot load Mojo kernels ({[str(p) for p in extensions]}); "
+                "register a JAX implementation of each kernel with maxjax.graph.register_kernel(name) and call it "
+                "with ops.custom"
             )
         if module:
             raise NotImplementedError("Graph(module=...): MLIR modules cannot run on JAX")
         #: the kernels ``ops.custom`` / ``ops.inplace_custom`` call (see :class:`KernelLibrary`)
-        self._kernel_library: KernelLibrary = (
-            kernel_library if kernel_library is not None else _parent._kernel_library if _parent is not None else KernelLibrary()
-        )
+        if kernel_library is None:
+            kernel_library = _parent._kernel_library if _parent is not None else KernelLibrary()
+        self._kernel_library: KernelLibrary = kernel_library
         self.name = name
         self.is_device_graph = bool(is_device_graph)
         self._input_types = [as_tensor_type(t) for t in input_types]

@@ -65,7 +65,9 @@ def _sequence(x: Any, what: str, op: str) -> list[Any]:
 def _check_values(values: list[Any], op: str) -> None:
     for i, v in enumerate(values):
         if not isinstance(v, (TensorValue, BufferValue, jax.Array, np.ndarray, Buffer)):
-            raise ValueError(f"ops.{op}: values[{i}] must be a tensor value (TensorValue, BufferValue or array), got {v!r}")
+            raise ValueError(
+                f"ops.{op}: values[{i}] must be a tensor value (TensorValue, BufferValue or array), got {v!r}"
+            )
 
 
 def _check_parameters(parameters: Mapping[str, Any] | None, op: str) -> dict[str, Any]:
@@ -110,7 +112,8 @@ def _check_devices(values: list[Any], device: DeviceRef, name: str, op: str) -> 
         tv = v._current if isinstance(v, BufferValue) else v
         if isinstance(tv, TensorValue) and tv._graph is not None and tv.device != device:
             raise ValueError(
-                f"ops.{op}({name!r}): values[{i}] is on {tv.device}, the op on device={device}; move it with .to(device)"
+                f"ops.{op}({name!r}): values[{i}] is on {tv.device}, the op on device={device}; "
+                "move it with .to(device)"
             )
 
 
@@ -124,7 +127,7 @@ def _as_tuple(fn: Callable[..., Any], name: str, expected: list[Any], parameters
         out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         if len(out) != len(expected):
             raise ValueError(
-                f"the kernel returned {len(out)} value(s), expected {len(expected)} "
+                f"kernel {name!r} returned {len(out)} value(s), expected {len(expected)} "
                 f"({', '.join(str(t) for t in expected) or 'none'})"
             )
         return out
@@ -167,7 +170,7 @@ def _record(
     try:
         outs = list(apply(kernel, *tensors, _name=name, _dtypes=[t.dtype for t in expected]))
     except ValueError as e:
-        raise ValueError(f"ops.{op}: kernel {e}") from None
+        raise ValueError(f"ops.{op}: {e}") from None
     for i, (o, t) in enumerate(zip(outs, expected)):
         got = _mismatch(o, t)
         if got is not None:
