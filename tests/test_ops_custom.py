@@ -118,6 +118,14 @@ def test_custom_extensions_and_mojo_paths_are_refused_naming_them():
         Graph("g", input_types=[T23], custom_extensions=["ops.mojopkg"])
     with pytest.raises(NotImplementedError, match="ops_dir"):
         KernelLibrary(["ops_dir"])
+    from maxjax.graph import default_custom_extensions, default_custom_extensions_scope
+
+    assert default_custom_extensions() == ()
+    with default_custom_extensions_scope():  # no paths: nothing to load
+        assert default_custom_extensions() == ()
+    with pytest.raises(NotImplementedError, match=r"default_custom_extensions_scope\('a.mojopkg'\): .*Mojo"):
+        with default_custom_extensions_scope("a.mojopkg"):
+            pass
 
 
 # -- registration ------------------------------------------------------------------------------

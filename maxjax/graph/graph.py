@@ -21,7 +21,10 @@ from maxjax.graph.buffer import BufferValue
 from maxjax.graph.type import BufferType, DeviceRef, Dim, Shape, StaticDim, SymbolicDim, TensorType
 from maxjax.graph.value import TensorValue
 
-__all__ = ["Graph", "KernelLibrary", "Node", "as_tensor_type", "current_graph", "layer_scope", "register_kernel"]
+__all__ = [
+    "Graph", "KernelLibrary", "Node", "as_tensor_type", "current_graph", "layer_scope", "register_kernel",
+    "default_custom_extensions", "default_custom_extensions_scope",
+]
 
 
 # Names of the layers whose ``__call__`` is running, recorded on graph nodes (see layer_scope).
@@ -281,6 +284,27 @@ class KernelLibrary:
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(set(self._kernels) | set(_GLOBAL_KERNELS)))
+
+
+def default_custom_extensions() -> tuple[Any, ...]:
+    """MAX's process-wide Mojo kernel packages added to every graph (``max.graph``): always empty
+    in maxjax, which loads no Mojo kernels (see :func:`register_kernel` for process-wide JAX kernels)."""
+    return ()
+
+
+@contextlib.contextmanager
+def default_custom_extensions_scope(*paths: Any) -> Iterator[None]:
+    """MAX's block adding Mojo kernel packages to :func:`default_custom_extensions`.
+
+    Raises:
+        NotImplementedError: any path (naming them): maxjax cannot load Mojo kernels.
+    """
+    if paths:
+        raise NotImplementedError(
+            f"default_custom_extensions_scope({', '.join(repr(str(p)) for p in paths)}): maxjax cannot load Mojo "
+            "kernels; register a JAX implementation with maxjax.graph.register_kernel(name)"
+        )
+    yield
 
 
 class Graph:
