@@ -66,6 +66,7 @@ def test_unregistered_and_empty_names_raise_value_error_saying_how_to_register(l
         with pytest.raises(ValueError, match="no kernel registered"):
             ops.custom("nope", CPU, [x], [])
         assert len(g._nodes) == 1  # only the input: failed ops leave the graph as it was
+        assert g._kernel_library is lib and g.kernel_libraries_paths == []
         g.output(ops.cast(x, DType.float64))
 
 

@@ -550,6 +550,11 @@ class Graph:
         return [o.type for o in self._outputs[: len(self._outputs) - self._n_hidden]]
 
     @property
+    def kernel_libraries_paths(self) -> list[Any]:
+        """MAX's Mojo kernel library paths of the graph: always empty (see :class:`KernelLibrary`)."""
+        return self._kernel_library.library_paths()
+
+    @property
     def buffer_input_indices(self) -> list[int]:
         """Positions of the buffer inputs (their new values follow the declared outputs)."""
         return [b._input_index for b in self._buffers]
