@@ -659,5 +659,6 @@ def _refuse_max_artifacts(where: str, **kwargs: Any) -> None:
         if value:
             raise NotImplementedError(
                 f"{where}({name}=...): MAX's Mojo kernels and compiled artifacts have no counterpart on JAX "
-                "(maxjax.engine.enable_compilation_cache() keeps compiled programs on disk)"
+                "(custom kernels: register a JAX implementation with maxjax.graph.register_kernel(name); "
+                "maxjax.engine.enable_compilation_cache() keeps compiled programs on disk)"
             )

@@ -2,6 +2,8 @@
 
 from maxjax.dtype import DType
 from maxjax.graph.graph import Graph, KernelLibrary
+from maxjax.graph.graph import register_kernel  # maxjax: a JAX implementation of a custom kernel (ops.custom)
+from maxjax.graph.graph import default_custom_extensions, default_custom_extensions_scope
 from maxjax.graph.type import (
     AlgebraicDim, BufferType, DeviceKind, DeviceRef, Dim, DimLike, Shape, ShapeLike, StaticDim, SymbolicDim, TensorType, Type,
 )
@@ -17,3 +19,4 @@ __all__ = [
     "QuantizationEncoding", "Shape", "ShapeLike", "ShardingStrategy", "StaticDim", "SymbolicDim",
     "TensorType", "TensorValue", "TensorValueLike", "Type", "Value", "Weight", "ops",
 ]  # fmt: skip
+__all__ += ["default_custom_extensions", "default_custom_extensions_scope", "register_kernel"]

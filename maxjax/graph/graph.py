@@ -21,7 +21,10 @@ from maxjax.graph.buffer import BufferValue
 from maxjax.graph.type import BufferType, DeviceRef, Dim, Shape, StaticDim, SymbolicDim, TensorType
 from maxjax.graph.value import TensorValue
 
-__all__ = ["Graph", "KernelLibrary", "Node", "as_tensor_type", "current_graph", "layer_scope"]
+__all__ = [
+    "Graph", "KernelLibrary", "Node", "as_tensor_type", "current_graph", "layer_scope", "register_kernel",
+    "default_custom_extensions", "default_custom_extensions_scope",
+]
 
 
 # Names of the layers whose ``__call__`` is running, recorded on graph nodes (see layer_scope).
@@ -151,30 +154,97 @@ def as_tensor_type(t: Any) -> TensorType:
     raise TypeError(f"Graph input types must be TensorType (or values with a .type), got {t!r}")
 
 
-class KernelLibrary:
-    """MAX's library of custom Mojo kernels for a graph (``max.graph.KernelLibrary``).
+_GLOBAL_KERNELS: dict[str, Callable[..., Any]] = {}
 
-    maxjax ops are jnp/lax functions and run no Mojo kernels, so a library holds no paths: an empty
-    one is accepted everywhere MAX takes one (``Graph(kernel_library=KernelLibrary())``, as MAX's
-    own test fixtures build every graph), and it contains no kernels.
+
+def _add_kernel(table: dict[str, Callable[..., Any]], where: str, name: str, fn: Any) -> Callable[..., Any]:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{where}: a kernel name must be a non-empty str, got {name!r}")
+    if not callable(fn):
+        raise TypeError(f"{where}({name!r}): the kernel must be a callable (jnp arrays -> arrays), got {fn!r}")
+    if name in table and table[name] is not fn:
+        raise ValueError(f"{where}: a kernel named {name!r} is already registered ({table[name]!r})")
+    table[name] = fn
+    return fn
+
+
+def register_kernel(name: str, fn: Callable[..., Any] | None = None) -> Any:
+    """Registers ``fn`` as the JAX implementation of the custom kernel ``name``, for every graph
+    (maxjax's counterpart of Mojo's ``@compiler.register(name)``; not a MAX name).
+
+    Use it as a decorator (``@register_kernel("my_op")``) or call it (``register_kernel("my_op",
+    fn)``). ``ops.custom(name, ...)`` / ``ops.inplace_custom(name, ...)`` then call
+    ``fn(*arrays, **parameters)`` on the op's values (JAX arrays or tracers, buffers as their
+    current value) with the op's ``parameters`` as keyword arguments (bool, int, float, str or
+    :class:`~maxjax.dtype.DType`). ``fn`` returns one array or a tuple/list of arrays:
+
+    - for ``ops.custom``: one output per ``out_types`` entry;
+    - for ``ops.inplace_custom``: first the new value of each buffer among the values (in order),
+      then one output per ``out_types`` entry.
+
+    ``fn`` must be traceable by JAX (jnp/lax calls): graph mode infers its outputs with
+    ``jax.eval_shape``. A kernel registered on one :class:`KernelLibrary` (:meth:`KernelLibrary.register`)
+    is seen only by graphs built with that library.
+
+    Returns:
+        ``fn`` (or, without ``fn``, a decorator registering the function it decorates).
+
+    Raises:
+        ValueError: ``name`` is empty or not a str, or another function is already registered
+            under ``name``.
+        TypeError: ``fn`` is not callable.
+    """
+    if fn is None:
+        return lambda f: _add_kernel(_GLOBAL_KERNELS, "register_kernel", name, f)
+    return _add_kernel(_GLOBAL_KERNELS, "register_kernel", name, fn)
+
+
+class KernelLibrary:
+    """The custom kernels a graph's ``ops.custom`` / ``ops.inplace_custom`` can call
+    (``max.graph.KernelLibrary``).
+
+    MAX's library holds Mojo kernels loaded from packages (``.mojopkg``/``.mojoc`` or a Mojo source
+    directory, through ``custom_extensions=``) plus MAX's own built-in kernels. maxjax runs JAX, not
+    Mojo: a library holds **JAX implementations registered by name** — the process-wide ones of
+    :func:`register_kernel` and this library's own (:meth:`register`). MAX's built-in kernel names
+    are not present (maxjax's ops are jnp functions called directly).
+
+    ``Graph(kernel_library=lib)`` builds a graph with ``lib``; without one a graph gets a new
+    library (the registered kernels only), and a subgraph shares its parent's.
 
     Raises:
         NotImplementedError: a path given to the constructor, :meth:`add_path` or
-            :meth:`load_paths` (naming it), or :meth:`verify_custom_op`.
+            :meth:`load_paths` (naming it): Mojo kernels cannot be loaded; and
+            :meth:`verify_custom_op` (maxjax records no MLIR ops: ``ops.custom`` checks its kernel
+            itself).
     """
 
     def __init__(self, paths: Iterable[Any] = ()) -> None:
+        self._kernels: dict[str, Callable[..., Any]] = {}
         for path in paths:
             self.add_path(path)
 
+    def register(self, name: str, fn: Callable[..., Any] | None = None) -> Any:
+        """Registers ``fn`` as kernel ``name`` in this library only (a decorator without ``fn``);
+        the contract is :func:`register_kernel`'s. A kernel of this library is found before a
+        process-wide one of the same name.
+
+        Raises:
+            ValueError: ``name`` is empty or already registered in this library to another function.
+            TypeError: ``fn`` is not callable.
+        """
+        if fn is None:
+            return lambda f: _add_kernel(self._kernels, "KernelLibrary.register", name, f)
+        return _add_kernel(self._kernels, "KernelLibrary.register", name, fn)
+
     def library_paths(self) -> list[Any]:
-        """The kernel library paths: always empty."""
+        """The Mojo kernel library paths: always empty (maxjax loads none)."""
         return []
 
     def add_path(self, path: Any) -> None:
         raise NotImplementedError(
             f"KernelLibrary: cannot load the Mojo kernel library {str(path)!r}: maxjax runs JAX, not Mojo kernels "
-            "(write the op as a Python function of jnp/lax calls)"
+            "(register a JAX implementation with maxjax.graph.register_kernel(name))"
         )
 
     def load_paths(self, custom_extensions: Iterable[Any]) -> None:
@@ -182,16 +252,59 @@ class KernelLibrary:
             self.add_path(path)
 
     def verify_custom_op(self, custom_op: Any) -> None:
-        raise NotImplementedError("KernelLibrary.verify_custom_op: maxjax has no MLIR custom ops")
+        raise NotImplementedError(
+            "KernelLibrary.verify_custom_op: maxjax has no MLIR custom ops (ops.custom checks its kernel when called)"
+        )
 
-    def __getitem__(self, kernel: str) -> Any:
-        raise KeyError(kernel)
+    def has_shape_function(self, kernel: str) -> bool:
+        """Always True for a kernel present: a JAX kernel's output shapes are inferred by tracing it.
+
+        Raises:
+            KeyError: no kernel named ``kernel`` in the library.
+        """
+        if kernel not in self:
+            raise KeyError(f"no kernel named {kernel!r} in the kernel library")
+        return True
+
+    def __getitem__(self, kernel: str) -> Callable[..., Any]:
+        """The JAX function registered as ``kernel`` (this library's, else the process-wide one).
+
+        Raises:
+            KeyError: none is registered.
+        """
+        fn = self._kernels.get(kernel)
+        if fn is None:
+            fn = _GLOBAL_KERNELS.get(kernel)
+        if fn is None:
+            raise KeyError(kernel)
+        return fn
 
     def __contains__(self, kernel: object) -> bool:
-        return False
+        return kernel in self._kernels or kernel in _GLOBAL_KERNELS
 
     def __iter__(self) -> Iterator[str]:
-        return iter(())
+        return iter(sorted(set(self._kernels) | set(_GLOBAL_KERNELS)))
+
+
+def default_custom_extensions() -> tuple[Any, ...]:
+    """MAX's process-wide Mojo kernel packages added to every graph (``max.graph``): always empty
+    in maxjax, which loads no Mojo kernels (see :func:`register_kernel` for process-wide JAX kernels)."""
+    return ()
+
+
+@contextlib.contextmanager
+def default_custom_extensions_scope(*paths: Any) -> Iterator[None]:
+    """MAX's block adding Mojo kernel packages to :func:`default_custom_extensions`.
+
+    Raises:
+        NotImplementedError: any path (naming them): maxjax cannot load Mojo kernels.
+    """
+    if paths:
+        raise NotImplementedError(
+            f"default_custom_extensions_scope({', '.join(repr(str(p)) for p in paths)}): maxjax cannot load Mojo "
+            "kernels; register a JAX implementation with maxjax.graph.register_kernel(name)"
+        )
+    yield
 
 
 class Graph:
@@ -216,8 +329,10 @@ class Graph:
     ``Graph.current`` is the innermost graph being built (``LookupError`` when there is none).
 
     Raises:
-        NotImplementedError: ``path`` (MLIR files), ``custom_extensions``, ``kernel_library`` or
-            ``module``: Mojo kernels and MLIR modules cannot run on JAX.
+        NotImplementedError: ``path`` (MLIR files), ``custom_extensions`` (Mojo kernel packages) or
+            ``module``: Mojo kernels and MLIR modules cannot run on JAX. ``kernel_library`` is a
+            :class:`KernelLibrary` of JAX kernels for ``ops.custom`` (a new one when None; a
+            subgraph shares its parent's).
     """
 
     current = _CurrentGraph()
@@ -242,9 +357,19 @@ class Graph:
             raise NotImplementedError("Graph(path=...) loads MLIR in MAX; maxjax graphs are built in Python")
         if kernel_library is not None and not isinstance(kernel_library, KernelLibrary):
             raise TypeError(f"Graph(kernel_library=...) takes a KernelLibrary, got {type(kernel_library).__name__}")
-        for arg, value in (("custom_extensions", list(custom_extensions or ())), ("module", module)):
-            if value:
-                raise NotImplementedError(f"Graph({arg}=...): Mojo kernels and MLIR modules cannot run on JAX")
+        extensions = list(custom_extensions or ())
+        if extensions:
+            raise NotImplementedError(
+                f"Graph(custom_extensions=...): maxjax cannot load Mojo kernels ({[str(p) for p in extensions]}); "
+                "register a JAX implementation of each kernel with maxjax.graph.register_kernel(name) and call it "
+                "with ops.custom"
+            )
+        if module:
+            raise NotImplementedError("Graph(module=...): MLIR modules cannot run on JAX")
+        #: the kernels ``ops.custom`` / ``ops.inplace_custom`` call (see :class:`KernelLibrary`)
+        if kernel_library is None:
+            kernel_library = _parent._kernel_library if _parent is not None else KernelLibrary()
+        self._kernel_library: KernelLibrary = kernel_library
         self.name = name
         self.is_device_graph = bool(is_device_graph)
         self._input_types = [as_tensor_type(t) for t in input_types]
@@ -423,6 +548,11 @@ class Graph:
         if self._outputs is None:
             return []
         return [o.type for o in self._outputs[: len(self._outputs) - self._n_hidden]]
+
+    @property
+    def kernel_libraries_paths(self) -> list[Any]:
+        """MAX's Mojo kernel library paths of the graph: always empty (see :class:`KernelLibrary`)."""
+        return self._kernel_library.library_paths()
 
     @property
     def buffer_input_indices(self) -> list[int]:

@@ -70,3 +70,5 @@ __all__ += [
 ]  # fmt: skip
 __all__ += ["distributed_broadcast", "distributed_ep", "distributed_scatter", "reducescatter", "shard_and_stack"]
 __all__ += ["allgather_rms_norm", "bundled_allreduce", "reduce_scatter_rms_norm"]
+from maxjax.graph.ops.custom import custom, inplace_custom  # noqa: E402 - MAX's ops.custom / ops.inplace_custom
+__all__ += ["custom", "inplace_custom"]
