@@ -8,7 +8,8 @@ and the caches donated:
 - ``prefill`` (per ``(rows, prompt bucket)``, rows one of :attr:`Steps.prefill_rows`): right-padded
   prompts ``[rows, bucket]`` prefilled together into caches of their own (``cache_len = bucket``),
   and each row's first token chosen with its own sampling parameters; more than one row only where
-  ``rows x bucket`` fits the engine's prefill budget (:attr:`Steps.prefill_shapes`);
+  ``rows x bucket`` fits the engine's prefill budget and the bucket is at most
+  :attr:`Steps.BATCHED_PROMPT_MAX` (:attr:`Steps.prefill_shapes`);
 - ``decode`` (per ``(rows, cache_len)``): one token for every row, each with its own sampling
   parameters and random stream (greedy where its temperature is 0);
 - ``place`` (per ``(prefill rows, bucket, cache_len)``) and ``insert`` (per ``(prefill rows, rows,
@@ -186,6 +187,10 @@ class Steps:
 
     #: the row counts a batched prefill is padded to (capped at the engine's ``max_batch``)
     PREFILL_ROWS = (1, 2, 4, 8)
+    #: the largest prompt bucket prefilled several rows at a time: on a 2-core CPU (SmolLM2-135M
+    #: Q4_1) a call of 2-8 rows took 1.1-2.7x less time per row than one-row calls up to bucket
+    #: 128, and none less at 256 (where one row's matmuls are already large)
+    BATCHED_PROMPT_MAX = 128
 
     def __init__(self, lm: Any, buckets: Buckets, prefill_budget: int | None = None):
         self.lm, self.buckets = lm, buckets
@@ -193,10 +198,10 @@ class Steps:
         #: the row buckets of a prefill (ascending; 1 first)
         self.prefill_rows: tuple[int, ...] = tuple(r for r in self.PREFILL_ROWS if r < top) + (top,)
         #: every ``(rows, prompt bucket)`` a prefill is compiled for: one row for every bucket, more
-        #: where ``rows x bucket <= prefill_budget``
+        #: where ``rows x bucket <= prefill_budget`` and ``bucket <= BATCHED_PROMPT_MAX``
         self.prefill_shapes: tuple[tuple[int, int], ...] = tuple(
             (r, p) for r in self.prefill_rows for p in buckets.prompt
-            if r == 1 or (prefill_budget is not None and r * p <= prefill_budget)
+            if r == 1 or (prefill_budget is not None and r * p <= prefill_budget and p <= self.BATCHED_PROMPT_MAX)
         )  # fmt: skip
         fns = lm.functions
         self.functions = fns
@@ -215,7 +220,7 @@ class Steps:
             cache = tuple(lm.functions.cache_shardings[0].spec)  # [layers, batch (dp), kv heads (tp), ...]
             cache = cache + (None,) * (5 - len(cache))
             self.cache_sharding = NamedSharding(lm.mesh, P(None, *cache[1:]))
-            #: where a one-row cache (a prefilled prompt) lives: its row is not split over ``dp``
+            #: where prefilled prompts' caches live: their rows are not split over ``dp``
             self.row_sharding = NamedSharding(lm.mesh, P(None, None, *cache[2:]))
         if any(b % lm.batch_multiple for b in buckets.batch):
             raise ValueError(
