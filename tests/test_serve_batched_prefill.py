@@ -116,3 +116,25 @@ def test_the_budget_counts_padded_rows_and_splits_a_turn(lm, engine):
     assert [r.token_ids for r in together] == alone
     assert engine.compiles_while_serving == 0
     assert engine.metrics.compiles._value.get() == 0
+
+
+def test_a_request_cancelled_before_its_turn_leaves_the_others_of_the_turn_intact(lm, engine):
+    jobs = [(lm.encode_prompt(p), SamplingParams(max_tokens=6)) for p in PROMPTS[:3]]
+    alone = [engine.generate(ids, p, timeout=WAIT).token_ids for ids, p in jobs]
+    box: dict = {}
+    ready = threading.Event()
+
+    def on_event(event):
+        if event.finish_reason is not None and "reqs" not in box:
+            box["before"] = _calls(engine)
+            box["reqs"] = [engine.submit(ids, p) for ids, p in jobs]
+            box["reqs"][1].cancel()  # waiting, not yet admitted
+            ready.set()
+
+    engine.submit(lm.encode_prompt("Hi"), SamplingParams(max_tokens=1), on_event=on_event)
+    assert ready.wait(WAIT)
+    results = [r.result(WAIT) for r in box["reqs"]]
+    assert results[1].finish_reason == "cancelled" and results[1].token_ids == []
+    assert [results[0].token_ids, results[2].token_ids] == [alone[0], alone[2]]
+    assert _calls(engine) - box["before"] == 1  # the two left: one call of 2 rows
+    assert engine.batch_size == 0 or engine.batch_size <= MAX_BATCH
