@@ -137,4 +137,3 @@ def test_a_request_cancelled_before_its_turn_leaves_the_others_of_the_turn_intac
     assert results[1].finish_reason == "cancelled" and results[1].token_ids == []
     assert [results[0].token_ids, results[2].token_ids] == [alone[0], alone[2]]
     assert _calls(engine) - box["before"] == 1  # the two left: one call of 2 rows
-    assert engine.batch_size == 0 or engine.batch_size <= MAX_BATCH
