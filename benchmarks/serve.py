@@ -28,7 +28,7 @@ Saves ``benchmarks/results/serve.json`` and ``serve.png`` (``serve_quick.*`` wit
 one prompt per client), with the CPU's vector features, load average and the CPU time the rest of
 the machine used during each server's run (figures taken above 10% are flagged: not clean).
 
-    python benchmarks/serve.py [--quick] [--clients 1,8,32] [--prompts 3] [--max-tokens 128]
+    python benchmarks/serve.py [--quick] [--clients 1,8,32] [--prompts 3] [--max-tokens 128] [--results DIR] [--stem NAME]
     python benchmarks/serve.py --replot benchmarks/results/serve.json
 """
 
@@ -248,11 +248,28 @@ def measure_server(server: ServerProcess, args: argparse.Namespace, count_tokens
     me = time.process_time()
     other = cpu_busy_s() - busy0 - own
     out["levels"] = levels
+    if server.name == "maxjax":  # prefill calls per admitted request (batched prefill: fewer than one)
+        out["engine_counters"] = scrape(server, ("maxjax_prefill_calls_total", "maxjax_prompt_tokens_total"))
     out["contention"] = {
         "other_cpu_share": max(0.0, other) / (span * (os.cpu_count() or 1)), "load_average_start": load0,
         "load_average_end": os.getloadavg()[0], "server_cpu_s": own, "client_cpu_s_total": me,
     }  # fmt: skip
     out["exit_status"] = server.stop()
+    return out
+
+
+def scrape(server: ServerProcess, names: tuple[str, ...]) -> dict:
+    """Counters from the server's ``GET /metrics`` (names absent there are left out)."""
+    import httpx
+
+    out = {}
+    try:
+        for line in httpx.get(server.base + "/metrics", timeout=10).text.splitlines():
+            name, _, value = line.partition(" ")
+            if name in names:
+                out[name] = float(value)
+    except httpx.HTTPError as e:
+        out["error"] = str(e)
     return out
 
 
@@ -310,6 +327,9 @@ def table(r: dict) -> str:
             rows.append(f"{LABELS.get(name, name):<18}{c:>8}{v['requests_per_s']:>8.2f}{v['output_tokens_per_s']:>9.1f}"
                         f"{f(v['ttft_p50_s']):>10}{f(v['ttft_p99_s']):>10}{f(v['itl_p50_s'], 1e3, 0):>9}{f(v['itl_p99_s'], 1e3, 0):>9}"
                         f"{f(v['decode_tokens_per_s_median'], 1, 1):>9}{v['errors']:>8}")  # fmt: skip
+        e = s.get("engine_counters", {})
+        if "maxjax_prefill_calls_total" in e:
+            rows.append(f"{'':<18}prefill calls {e['maxjax_prefill_calls_total']:.0f} (all levels, warm-up request included)")
         c = s["contention"]
         flag = "  NOT CLEAN (>10%)" if c["other_cpu_share"] > 0.10 else ""
         rows.append(f"{'':<18}other processes used {100 * c['other_cpu_share']:.0f}% of the CPUs, load average "
@@ -376,6 +396,8 @@ def main() -> int:
     ap.add_argument("--start-timeout", type=float, default=900)
     ap.add_argument("--request-timeout", type=float, default=900)
     ap.add_argument("--replot", metavar="JSON", help="print the table of a saved run and redraw its PNG")
+    ap.add_argument("--results", type=pathlib.Path, default=RESULTS, help="folder for the JSON and PNG (default benchmarks/results)")
+    ap.add_argument("--stem", help="their file name (default serve, serve_quick with --quick)")
     args = ap.parse_args()
     if args.replot:
         r = json.loads(pathlib.Path(args.replot).read_text())
@@ -424,11 +446,11 @@ def main() -> int:
                     log(f"[llama] failed: {e}")
     r["verdicts"] = verdicts(r)
     print(table(r))
-    RESULTS.mkdir(exist_ok=True)
-    stem = "serve_quick" if args.quick else "serve"
-    (RESULTS / f"{stem}.json").write_text(json.dumps(r, indent=1))
-    plot(r, RESULTS / f"{stem}.png")
-    log(f"saved {RESULTS / (stem + '.json')} and {stem}.png")
+    args.results.mkdir(parents=True, exist_ok=True)
+    stem = args.stem or ("serve_quick" if args.quick else "serve")
+    (args.results / f"{stem}.json").write_text(json.dumps(r, indent=1))
+    plot(r, args.results / f"{stem}.png")
+    log(f"saved {args.results / (stem + '.json')} and {stem}.png")
     return 0
 
 

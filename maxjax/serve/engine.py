@@ -10,8 +10,9 @@
             print(event.text, end="")
 
 One thread owns the model. Requests wait in a bounded queue; between decode steps the engine
-admits waiting requests into free rows of its KV cache (each prompt prefilled on its own, its
-caches written into the row), then runs one decode step for all rows, each with its own sampling
+admits waiting requests into free rows of its KV cache (the prompts admitted together prefilled
+together, a few rows per call, grouped by prompt bucket, each row's caches then written into its
+free row by one program), then runs one decode step for all rows, each with its own sampling
 parameters, random stream and stop conditions. A request leaves its row when it finishes, is
 cancelled or times out, and the row is reused. The cache's shape (rows, positions) follows the
 load through a small fixed set of buckets (:class:`~maxjax.serve.steps.Buckets`), each compiled
@@ -102,8 +103,10 @@ class Engine:
         request_timeout: seconds a request may take from submission to its last token; past that
             it ends with ``finish_reason == "timeout"``.
         buckets: the shapes to compile (default :meth:`Buckets.default`).
-        prefill_budget: prompt-bucket tokens prefilled between two decode steps (at least one
-            prompt): bounds how long running requests wait for newcomers.
+        prefill_budget: prompt tokens prefilled between two decode steps, padding included (each
+            prefill call costs its rows, rounded up to a prefill row bucket, times its prompt
+            bucket; at least one prompt is admitted): bounds how long running requests wait for
+            newcomers. It also bounds the batched prefill shapes compiled (rows x bucket within it).
         shrink_after: decode steps the load must fit a smaller cache shape before it shrinks.
         metrics: where to report (default: a new :class:`~maxjax.serve.metrics.Metrics`).
         warmup: compile every shape in :meth:`start` (else each compiles when first needed).
@@ -145,7 +148,9 @@ class Engine:
         self.shrink_after = shrink_after
         self.metrics = metrics if metrics is not None else Metrics()
         self.metrics.batch_slots.set(self.max_batch)
-        self.steps = Steps(lm, self.buckets)
+        self.steps = Steps(lm, self.buckets, prefill_budget)
+        # the most rows one prefill call takes, per prompt bucket
+        self._prefill_top = {p: max(r for r, q in self.steps.prefill_shapes if q == p) for p in self.buckets.prompt}
         self._do_warmup = warmup
         self._eos = frozenset(lm.tokenizer.eos_token_ids)
         self._lock = threading.Condition()
@@ -309,29 +314,40 @@ class Engine:
                 self._state = "stopped"
 
     def _take_newcomers(self) -> list[Request]:
-        """Pops waiting requests that fit in free rows and the prefill budget (lock held)."""
+        """Pops waiting requests (in order) that fit in free rows and the prefill budget, counted as
+        :meth:`_prefill_cost` (lock held)."""
         free = self.max_batch - sum(r is not None for r in self._rows)
-        out, joining, budget = [], 0, self.prefill_budget
+        out, joining, per_bucket, cost = [], 0, collections.Counter(), 0
         while self._waiting and joining < free:
             req = self._waiting[0]
             if req.cancelled or time.perf_counter() > req.deadline:
                 out.append(self._waiting.popleft())  # ended in _admit, outside the lock
                 continue
-            cost = self.buckets.prompt_for(len(req.prompt_ids))
-            if joining and cost > budget:
+            b = self.buckets.prompt_for(len(req.prompt_ids))
+            more = cost - self._prefill_cost(b, per_bucket[b]) + self._prefill_cost(b, per_bucket[b] + 1)
+            if joining and more > self.prefill_budget:
                 break
-            budget -= cost
+            cost, per_bucket[b] = more, per_bucket[b] + 1
             joining += 1
             out.append(self._waiting.popleft())
         self.metrics.queue_depth.set(len(self._waiting))
         return out
 
+    def _prefill_calls(self, bucket: int, n: int) -> list[int]:
+        """The rows of each prefill call for ``n`` prompts of ``bucket``: calls of the most rows a
+        call of that bucket takes, then the rest."""
+        top = self._prefill_top[bucket]
+        return [top] * (n // top) + ([n % top] if n % top else [])
+
+    def _prefill_cost(self, bucket: int, n: int) -> int:
+        """Prompt tokens, padding included, of prefilling ``n`` prompts of ``bucket``."""
+        return sum(_fit_rows(self.steps.prefill_rows, k) * bucket for k in self._prefill_calls(bucket, n))
+
     def _iteration(self, newcomers: list[Request]) -> None:
         self._expire_waiting()
         if newcomers:
             self._drain()
-        for req in newcomers:
-            self._admit(req)
+            self._admit(newcomers)
         self._reap()
         if any(r is not None for r in self._rows):
             self._decode()
@@ -356,27 +372,60 @@ class Engine:
             self._finish_request(r, "cancelled" if r.cancelled else "timeout")
 
     # -- admitting --------------------------------------------------------------------------------
-    def _admit(self, req: Request) -> None:
-        if req.cancelled or time.perf_counter() > req.deadline:
-            self._finish_request(req, "cancelled" if req.cancelled else "timeout")
-            return
-        p = req.params
-        n = len(req.prompt_ids)
-        bucket = self.buckets.prompt_for(n)
-        tokens = np.zeros((1, bucket), np.int32)
-        tokens[0, :n] = req.prompt_ids
-        keys = key_data(p.seed)
-        tok, k1, v1 = self.steps.prefill(tokens, n, keys, p.temperature, p.top_k, p.top_p)
-        row = self._free_row()
-        self._ensure_shape(row + 1, max(bucket, self._positions_needed()))
-        self._k, self._v = self.steps.insert(self._k, self._v, k1, v1, row)
-        slot = _Row(req, self.lm.tokenizer.incremental_detokenizer(), keys)
-        if row == len(self._rows):
-            self._rows.append(slot)
-        else:
-            self._rows[row] = slot
-        self.metrics.prompt_tokens.inc(n)
-        self._on_token(row, int(np.asarray(tok)[0]))
+    def _admit(self, newcomers: list[Request]) -> None:
+        """Prefills the newcomers, grouped by prompt bucket (in order of arrival within a bucket), a
+        prefill call per group of up to the rows a call of that bucket takes; writes each call's
+        rows into free cache rows (one program), then hands each its first token."""
+        groups: dict[int, list[Request]] = {}
+        for req in newcomers:
+            if req.cancelled or time.perf_counter() > req.deadline:
+                self._finish_request(req, "cancelled" if req.cancelled else "timeout")
+                continue
+            groups.setdefault(self.buckets.prompt_for(len(req.prompt_ids)), []).append(req)
+        firsts = []  # (tokens on the device, rows), read once every call is dispatched
+        for bucket, reqs in groups.items():
+            at = 0
+            for n in self._prefill_calls(bucket, len(reqs)):
+                firsts.append(self._prefill(bucket, reqs[at : at + n]))
+                at += n
+        for tok, rows in firsts:
+            host = np.asarray(tok)
+            for j, row in enumerate(rows):
+                self._on_token(row, int(host[j]))
+
+    def _prefill(self, bucket: int, reqs: list[Request]) -> tuple[Any, list[int]]:
+        """One prefill call for ``reqs`` (all of ``bucket``; their rows padded to a prefill row
+        bucket), their caches written into free rows; returns the first tokens (on the device,
+        ``[rows]``) and the cache rows taken."""
+        n = _fit_rows(self.steps.prefill_rows, len(reqs))
+        tokens = np.zeros((n, bucket), np.int32)
+        lengths = np.ones(n, np.int32)
+        keys = np.zeros((n, 2), np.uint32)
+        temperature = np.zeros(n, np.float32)
+        top_k = np.zeros(n, np.int32)
+        top_p = np.ones(n, np.float32)
+        for j, req in enumerate(reqs):
+            p = req.params
+            tokens[j, : len(req.prompt_ids)] = req.prompt_ids
+            lengths[j], keys[j] = len(req.prompt_ids), key_data(p.seed)
+            temperature[j], top_k[j], top_p[j] = p.temperature, p.top_k, p.top_p
+        tok, k1, v1 = self.steps.prefill(tokens, lengths, keys, temperature, top_k, top_p)
+        self.metrics.prefill_calls.inc()
+        rows = []
+        for j, req in enumerate(reqs):
+            row = self._free_row()
+            slot = _Row(req, self.lm.tokenizer.incremental_detokenizer(), keys[j])
+            if row == len(self._rows):
+                self._rows.append(slot)
+            else:
+                self._rows[row] = slot
+            rows.append(row)
+            self.metrics.prompt_tokens.inc(len(req.prompt_ids))
+        self._ensure_shape(len(self._rows), max(bucket, self._positions_needed()))
+        # a padding row's target: one past the cache's rows (dropped by the insert)
+        targets = np.array(rows + [self._k.shape[1]] * (n - len(rows)), np.int32)
+        self._k, self._v = self.steps.insert(self._k, self._v, k1, v1, targets)
+        return tok, rows
 
     def _free_row(self) -> int:
         for i, r in enumerate(self._rows):
@@ -558,6 +607,11 @@ class Engine:
     def _publish(self) -> None:
         self.metrics.queue_depth.set(len(self._waiting))
         self.metrics.batch_size.set(sum(r is not None for r in self._rows))
+
+
+def _fit_rows(buckets: tuple[int, ...], n: int) -> int:
+    """The smallest of ``buckets`` (ascending) holding ``n`` rows."""
+    return next(b for b in buckets if b >= n)
 
 
 def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:

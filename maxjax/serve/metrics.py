@@ -10,6 +10,8 @@ name                                                    type        what
                                                                     :data:`Metrics.window` seconds
 ``maxjax_generation_tokens_total``                      counter     tokens generated
 ``maxjax_prompt_tokens_total``                          counter     prompt tokens prefilled
+``maxjax_prefill_calls_total``                          counter     prefill programs run (each prefills one or
+                                                                    more prompts admitted together)
 ``maxjax_requests_finished_total{finish_reason}``       counter     ended requests, by ``finish_reason``
 ``maxjax_requests_rejected_total{reason}``              counter     refused requests (``queue_full``, ...)
 ``maxjax_engine_compiles_total``                        counter     XLA compiles while serving (0 after a warmup)
@@ -63,6 +65,9 @@ class Metrics:
         self.tokens_per_second.set_function(self._rate)
         self.generated_tokens = Counter("maxjax_generation_tokens", "Tokens generated", registry=r)
         self.prompt_tokens = Counter("maxjax_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.prefill_calls = Counter(
+            "maxjax_prefill_calls", "Prefill programs run (each prefills one or more prompts admitted together)", registry=r
+        )
         self.finished = Counter("maxjax_requests_finished", "Requests ended, by finish reason", ["finish_reason"], registry=r)
         self.rejected = Counter("maxjax_requests_rejected", "Requests refused, by reason", ["reason"], registry=r)
         self.compiles = Counter("maxjax_engine_compiles", "XLA compiles on the engine's thread while serving", registry=r)
