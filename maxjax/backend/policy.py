@@ -39,6 +39,10 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   larger batch runs as several passes of similar-length rows, each padded to its own length
   bucket. CPU: 32 (256 rows in one pass cost 2.6x the CPU time of eight 32-row passes on
   all-MiniLM-L6-v2, AVX2, ``benchmarks/embed.py``); GPU and TPU: 256.
+- ``bfloat16_matmul``: whether the platform multiplies bfloat16 natively, so that
+  ``Trainer(compute_dtype="bfloat16")`` is worth running. GPU and TPU: True; CPU: True only with
+  bfloat16 dot instructions (``avx512_bf16`` or ``amx_bf16`` in ``/proc/cpuinfo``), since XLA:CPU
+  otherwise emulates bfloat16 dots through float32 conversions (slower than float32).
 - ``xla_options``: compiler options for the programs maxjax itself jits (``CausalLM``'s steps,
   ``InferenceSession`` models), never for functions a user jits. CPU: XNNPACK off (its per-call
   cost exceeds small matmuls), and 512-bit vectors for float32 programs where the CPU has AVX-512.
@@ -67,6 +71,9 @@ __all__ = ["BackendPolicy", "policy_for", "cpu_policy", "gpu_policy", "tpu_polic
 
 _LAYOUTS = ("packed", "unpacked", "nibbles", "dequantized", "int8")
 _GROUPED = ("always", "batched_decode", "never")
+#: the ``/proc/cpuinfo`` flags of x86 bfloat16 dot instructions (AVX512_BF16: Cooper Lake, Zen 4;
+#: AMX-BF16: Sapphire Rapids)
+BFLOAT16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +92,7 @@ class BackendPolicy:
         arithmetic: ``"float32"`` or ``"int8"``, what ``arithmetic="auto"`` means.
         grouped_attention: ``"always"``, ``"batched_decode"`` or ``"never"``.
         encoder_rows: most rows in one compiled encoder pass (at least 1).
+        bfloat16_matmul: the platform has native bfloat16 dots (bfloat16 training is allowed).
         xla_options: XLA compiler options for maxjax's own jitted programs.
         wide_vector_options: further options for float32 programs only (the CPU's 512-bit vectors:
             with bfloat16 activations they moved SmolLM2's logits 0.875 from transformers' own
@@ -105,6 +113,7 @@ class BackendPolicy:
     arithmetic: str = "float32"
     grouped_attention: str = "always"
     encoder_rows: int = 256
+    bfloat16_matmul: bool = True
     xla_options: tuple[tuple[str, Any], ...] = ()
     wide_vector_options: tuple[tuple[str, Any], ...] = ()
     cpu_features: frozenset[str] = frozenset()
@@ -200,6 +209,7 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
         int8_min_rows=16,
         grouped_attention="batched_decode",
         encoder_rows=32,
+        bfloat16_matmul=bool(flags & BFLOAT16_CPU_FLAGS),
         xla_options=(("xla_cpu_use_xnnpack", False),),
         wide_vector_options=(("xla_cpu_prefer_vector_width", 512),) if avx512 else (),
         cpu_features=flags,
