@@ -35,6 +35,8 @@ optimizer state stay float32: each step casts them to bfloat16 for the forward p
 gradients come back through the cast as float32. Frozen weights are stored in bfloat16 (half the
 memory); frozen GGUF-quantized weights are dequantized to bfloat16 once, at construction. No loss
 scaling: bfloat16 has float32's exponent range, so gradients do not underflow.
+:meth:`Trainer.state_dict` then gives the trainable weights in float32 and the frozen ones in
+bfloat16 (what the step ran with).
 """
 
 from __future__ import annotations
