@@ -22,7 +22,13 @@ token batches made here in the parent:
        ``torch.set_num_threads(threads)``), the loss computed as maxjax does (cross-entropy of
        the logits of ``tokens[:, :-1]`` against ``tokens[:, 1:]``);
     5. ``hf_lora_ftz``: the same with ``torch.set_flush_denormal(True)`` (XLA:CPU flushes
-       denormals; torch's default does not, and its CPU kernels slow down on them).
+       denormals; torch's default does not, and its CPU kernels slow down on them);
+    6. ``maxjax_lora_bf16``: ``maxjax_lora`` with ``Trainer(compute_dtype="bfloat16")`` (float32
+       master weights and AdamW state, bfloat16 forward and backward; on a CPU without
+       ``avx512_bf16``/``amx_bf16`` the policy's refusal is overridden, ``bfloat16_matmul=True``,
+       so the figures show XLA's emulation there: the record says which);
+    7. ``hf_lora_bf16``: ``hf_lora`` with the forward under ``torch.autocast("cpu",
+       dtype=torch.bfloat16)`` (float32 weights and optimizer, PyTorch's mixed-precision recipe).
 
 Each worker runs warm-up steps (the first compiles), then ``--steps`` timed steps; the figures are
 medians: tokens/s (wall clock; "best" from the fastest step), CPU seconds per step (user + system), the compile time of the step (maxjax: ``Trainer.compile``; Flax: the
@@ -64,10 +70,12 @@ RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE))
 from generate import children_cpu_s, cpu_busy_s, cpu_model, git_state, log, peak_rss_mb  # noqa: E402
 
-ENGINES = ("maxjax_scratch", "flax_scratch", "maxjax_lora", "hf_lora", "hf_lora_ftz")
+ENGINES = ("maxjax_scratch", "flax_scratch", "maxjax_lora", "hf_lora", "hf_lora_ftz", "maxjax_lora_bf16", "hf_lora_bf16")
+LORA_ENGINES = ("maxjax_lora", "hf_lora", "hf_lora_ftz", "maxjax_lora_bf16", "hf_lora_bf16")
 LABELS = {"maxjax_scratch": "maxjax (scratch)", "flax_scratch": "Flax NNX nnx.scan (scratch)",
           "maxjax_lora": "maxjax LoRA", "hf_lora": "HF transformers + PEFT (torch)",
-          "hf_lora_ftz": "HF + PEFT, flush denormals"}  # fmt: skip
+          "hf_lora_ftz": "HF + PEFT, flush denormals", "maxjax_lora_bf16": "maxjax LoRA bfloat16",
+          "hf_lora_bf16": "HF + PEFT, autocast bfloat16"}  # fmt: skip
 SCRATCH = dict(vocab_size=257, hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=8,
                num_key_value_heads=4, head_dim=32, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=1024,
                tie_word_embeddings=False)  # fmt: skip
@@ -190,7 +198,9 @@ def worker_flax_scratch(req: dict) -> dict:
     return {**out, "compile_s": compile_s, "peak_rss_mb": peak_rss_mb()}
 
 
-def worker_maxjax_lora(req: dict) -> dict:
+def worker_maxjax_lora(req: dict, compute_dtype: str = "float32") -> dict:
+    import dataclasses
+
     import jax
     import numpy as np
     import optax
@@ -206,13 +216,27 @@ def worker_maxjax_lora(req: dict) -> dict:
     model = arch.build(config)
     model.load_state_dict(arch.weights_from_hf(load_weights(sorted(pathlib.Path(req["hf_dir"]).glob("*.safetensors"))), config), weight_alignment=1)
     train.apply_lora(model, LORA_TARGETS, rank=LORA_RANK, alpha=LORA_ALPHA, key=jax.random.key(0))
-    trainer = train.Trainer(model, optax.adamw(req["lr"], weight_decay=0.0), trainable="*lora_*")
+    from maxjax.backend.policy import policy_for
+
+    policy = policy_for("cpu")
+    native = policy.bfloat16_matmul
+    if compute_dtype == "bfloat16" and not native:  # measure the emulation rather than refuse
+        policy = dataclasses.replace(policy, bfloat16_matmul=True)
+    trainer = train.Trainer(model, optax.adamw(req["lr"], weight_decay=0.0), trainable="*lora_*", policy=policy,
+                            compute_dtype=compute_dtype)  # fmt: skip
     out, state = run_trainer(trainer, req["lora_batches"], req["warmup"])
-    return {**out, "trainable_params": sum(int(v.size) for v in state.params.values())}
+    return {**out, "trainable_params": sum(int(v.size) for v in state.params.values()), "compute_dtype": compute_dtype,
+            "bfloat16_native": native}  # fmt: skip
+
+
+def worker_maxjax_lora_bf16(req: dict) -> dict:
+    return worker_maxjax_lora(req, "bfloat16")
 
 
 # -- torch workers (no maxjax, no jax) -----------------------------------------------------------
-def _worker_hf(req: dict, flush_denormal: bool) -> dict:
+def _worker_hf(req: dict, flush_denormal: bool, autocast_bf16: bool = False) -> dict:
+    import contextlib
+
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -228,7 +252,8 @@ def _worker_hf(req: dict, flush_denormal: bool) -> dict:
 
     def step(b):
         tokens = torch.tensor(b, dtype=torch.long)
-        logits = model(input_ids=tokens[:, :-1]).logits
+        with torch.autocast("cpu", dtype=torch.bfloat16) if autocast_bf16 else contextlib.nullcontext():
+            logits = model(input_ids=tokens[:, :-1]).logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
         loss.backward()
         opt.step()
@@ -240,7 +265,7 @@ def _worker_hf(req: dict, flush_denormal: bool) -> dict:
     import transformers
 
     return {**out, "compile_s": None, "trainable_params": sum(p.numel() for p in params), "peak_rss_mb": peak_rss_mb(),
-            "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}}  # fmt: skip
+            "compute_dtype": "bfloat16 (autocast)" if autocast_bf16 else "float32", "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}}  # fmt: skip
 
 
 def worker_hf_lora(req: dict) -> dict:
@@ -251,8 +276,13 @@ def worker_hf_lora_ftz(req: dict) -> dict:
     return _worker_hf(req, True)
 
 
+def worker_hf_lora_bf16(req: dict) -> dict:
+    return _worker_hf(req, False, autocast_bf16=True)
+
+
 WORKERS = {"maxjax_scratch": worker_maxjax_scratch, "flax_scratch": worker_flax_scratch, "maxjax_lora": worker_maxjax_lora,
-           "hf_lora": worker_hf_lora, "hf_lora_ftz": worker_hf_lora_ftz}  # fmt: skip
+           "hf_lora": worker_hf_lora, "hf_lora_ftz": worker_hf_lora_ftz, "maxjax_lora_bf16": worker_maxjax_lora_bf16,
+           "hf_lora_bf16": worker_hf_lora_bf16}  # fmt: skip
 
 
 # -- the parent ------------------------------------------------------------------------------------
@@ -343,6 +373,7 @@ def verdicts(e: dict) -> list[dict]:
     ratio("maxjax_scratch", "flax_scratch", 1.0, "(a) maxjax / Flax NNX (nnx.scan) training tokens/s")
     ratio("maxjax_lora", "hf_lora", 2.0, "(b) maxjax / transformers+PEFT LoRA training tokens/s")
     ratio("maxjax_lora", "hf_lora_ftz", 2.0, "(b') maxjax / transformers+PEFT with flushed denormals")
+    ratio("maxjax_lora_bf16", "hf_lora_bf16", 2.0, "(c) maxjax bfloat16 / transformers+PEFT autocast bfloat16 tokens/s")
     return out
 
 
@@ -372,7 +403,7 @@ def report(r: dict) -> str:
             f"data: {s['data']}; {r['machine']['cpu_model']}, {r['machine']['worker_cores']} cores per worker, "
             f"vector features {r['machine']['cpu']})\n"
             f"(a) scratch: {SCRATCH['num_hidden_layers']} layers x {SCRATCH['hidden_size']}, batch {SCRATCH_BATCH} x {SCRATCH_SEQ} bytes; "
-            f"(b) LoRA rank {LORA_RANK} on SmolLM2-135M, batch {LORA_BATCH} x {LORA_SEQ} tokens; float32 everywhere\n")  # fmt: skip
+            f"(b) LoRA rank {LORA_RANK} on SmolLM2-135M, batch {LORA_BATCH} x {LORA_SEQ} tokens; float32 except the bfloat16 rows\n")  # fmt: skip
     v = ["", "goals:"] + [f"  {x['status']:4}  {x['target']}: {fmt(x['value'], '.2f')} (goal >= {x['threshold']:g})" for x in r["verdicts"]]
     noisy = [LABELS[k] for k, x in e.items() if x.get("others_cpu_share", 0) > NOISY]
     if noisy:
@@ -387,14 +418,14 @@ def plot(r: dict, path: pathlib.Path) -> None:
     import matplotlib.pyplot as plt
 
     e = r["engines"]
-    groups = [("(a) from scratch", ["maxjax_scratch", "flax_scratch"]), ("(b) LoRA, SmolLM2-135M", ["maxjax_lora", "hf_lora", "hf_lora_ftz"])]
+    groups = [("(a) from scratch", ["maxjax_scratch", "flax_scratch"]), ("(b) LoRA, SmolLM2-135M", list(LORA_ENGINES))]
     fig, axes = plt.subplots(2, 2, figsize=(12, 7))
     for col, (title, names) in enumerate(groups):
         names = [n for n in names if n in e and "error" not in e[n]]
         for row, (key, label) in enumerate((("tokens_per_s", "training tokens/s"), ("peak_rss_mb", "peak RSS (MB)"))):
             ax = axes[row][col]
             vals = [e[n][key] for n in names]
-            ax.bar([LABELS[n] for n in names], vals, color=["tab:blue", "tab:orange", "tab:red"][: len(names)])
+            ax.bar([LABELS[n] for n in names], vals, color=["tab:blue", "tab:orange", "tab:red", "tab:cyan", "tab:olive"][: len(names)])
             for i, v in enumerate(vals):
                 ax.text(i, v, f"{v:.0f}", ha="center", va="bottom")
             ax.set_title(f"{title}: {label}")
@@ -460,10 +491,11 @@ def main(argv=None) -> int:
         "engines": {},
     }  # fmt: skip
     python = {"maxjax_scratch": sys.executable, "flax_scratch": sys.executable, "maxjax_lora": sys.executable,
-              "hf_lora": args.hf_python, "hf_lora_ftz": args.hf_python}  # fmt: skip
+              "hf_lora": args.hf_python, "hf_lora_ftz": args.hf_python, "maxjax_lora_bf16": sys.executable,
+              "hf_lora_bf16": args.hf_python}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir = os.path.join(tmp, "smollm2-f32")
-        if any(x in engines for x in ("maxjax_lora", "hf_lora", "hf_lora_ftz")):
+        if any(x in engines for x in LORA_ENGINES):
             log("== exporting SmolLM2 (float32) for the LoRA engines")
             export_smollm2(hf_dir)
         req_path = pathlib.Path(tmp, "req.json")

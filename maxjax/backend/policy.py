@@ -45,6 +45,10 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   XLA:CPU copies a stacked slice before each matmul: 8 float32 ``[2048, 8192]`` layers times one
   row took 193 ms stacked and 37.6 ms per layer (2-core AVX2 EPYC). CPU: ``"per_layer"``;
   others: ``"stacked"``. Training programs stack (``Trainer``).
+- ``bfloat16_matmul``: whether the platform multiplies bfloat16 natively, so that
+  ``Trainer(compute_dtype="bfloat16")`` is worth running. GPU and TPU: True; CPU: True only with
+  bfloat16 dot instructions (``avx512_bf16`` or ``amx_bf16`` in ``/proc/cpuinfo``), since XLA:CPU
+  otherwise emulates bfloat16 dots through float32 conversions (slower than float32).
 - ``xla_options``: compiler options for the programs maxjax itself jits (``CausalLM``'s steps,
   ``InferenceSession`` models), never for functions a user jits. CPU: XNNPACK off (its per-call
   cost exceeds small matmuls), and 512-bit vectors for float32 programs where the CPU has AVX-512.
@@ -74,6 +78,9 @@ __all__ = ["BackendPolicy", "policy_for", "cpu_policy", "gpu_policy", "tpu_polic
 _LAYOUTS = ("packed", "unpacked", "nibbles", "dequantized", "int8")
 _GROUPED = ("always", "batched_decode", "never")
 LAYER_WEIGHTS = ("stacked", "per_layer")
+#: the ``/proc/cpuinfo`` flags of x86 bfloat16 dot instructions (AVX512_BF16: Cooper Lake, Zen 4;
+#: AMX-BF16: Sapphire Rapids)
+BFLOAT16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +101,7 @@ class BackendPolicy:
         encoder_rows: most rows in one compiled encoder pass (at least 1).
         layer_weights: ``"stacked"`` or ``"per_layer"``, how inference programs hold the float
             matrices of scanned layers.
+        bfloat16_matmul: the platform has native bfloat16 dots (bfloat16 training is allowed).
         xla_options: XLA compiler options for maxjax's own jitted programs.
         wide_vector_options: further options for float32 programs only (the CPU's 512-bit vectors:
             with bfloat16 activations they moved SmolLM2's logits 0.875 from transformers' own
@@ -116,6 +124,7 @@ class BackendPolicy:
     grouped_attention: str = "always"
     encoder_rows: int = 256
     layer_weights: str = "stacked"
+    bfloat16_matmul: bool = True
     xla_options: tuple[tuple[str, Any], ...] = ()
     wide_vector_options: tuple[tuple[str, Any], ...] = ()
     cpu_features: frozenset[str] = frozenset()
@@ -227,6 +236,7 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
         grouped_attention="batched_decode",
         encoder_rows=32,
         layer_weights="per_layer",
+        bfloat16_matmul=bool(flags & BFLOAT16_CPU_FLAGS),
         xla_options=(("xla_cpu_use_xnnpack", False),),
         wide_vector_options=(("xla_cpu_prefer_vector_width", 512),) if avx512 else (),
         cpu_features=flags,

@@ -23,6 +23,20 @@ With ``mesh`` (a ``jax.sharding.Mesh`` with axis ``data_axis``), the step is dat
 batch is split over that axis (``NamedSharding(mesh, P(data_axis))``), weights and optimizer state
 are replicated, and XLA adds the gradient all-reduce. ``remat=True`` recomputes each scanned
 layer's activations in the backward pass (``jax.checkpoint``) instead of storing them.
+
+Mixed precision (``compute_dtype="bfloat16"``): the standard recipe of Micikevicius et al.,
+"Mixed Precision Training" (2018), as JAX users know it from jmp's ``Policy(param_dtype=float32,
+compute_dtype=bfloat16, output_dtype=float32)`` and Flax's ``dtype=bfloat16, param_dtype=float32``.
+The module is traced from a bfloat16 copy (:func:`maxjax.train.dequantized`), so activations and
+the operands of every matmul are bfloat16 (XLA accumulates the dots in float32 on GPU and TPU and
+rounds the result to bfloat16); the logits are float32 and the loss (softmax cross-entropy) is
+computed in float32. The trainable weights (the master copy in :class:`TrainState`) and the
+optimizer state stay float32: each step casts them to bfloat16 for the forward pass, and their
+gradients come back through the cast as float32. Frozen weights are stored in bfloat16 (half the
+memory); frozen GGUF-quantized weights are dequantized to bfloat16 once, at construction. No loss
+scaling: bfloat16 has float32's exponent range, so gradients do not underflow.
+:meth:`Trainer.state_dict` then gives the trainable weights in float32 and the frozen ones in
+bfloat16 (what the step ran with).
 """
 
 from __future__ import annotations
@@ -40,6 +54,9 @@ from maxjax.engine import Program
 from maxjax.graph import Graph, TensorType
 from maxjax.graph.quantization import QuantizedArray
 from maxjax.train.params import Patterns, select
+
+#: what ``Trainer(compute_dtype=...)`` accepts
+COMPUTE_DTYPES = ("float32", "bfloat16")
 
 __all__ = ["TrainState", "Trainer", "next_token_loss"]
 
@@ -101,10 +118,15 @@ class Trainer:
         data_axis: the mesh axis the batch is split over.
         quantized_layout: the layout of frozen GGUF-quantized weights (None: the backend policy's).
         policy: a :class:`~maxjax.backend.BackendPolicy` (None: the default backend's).
+        compute_dtype: ``"float32"`` (default) or ``"bfloat16"``: the dtype of activations and
+            matmul operands (see the module docstring); master weights and optimizer state are
+            float32 either way. ``"bfloat16"`` needs a policy with ``bfloat16_matmul``.
 
     Raises:
         ValueError: a trainable pattern that matches no weight; a quantized weight selected as
-            trainable; a mesh without ``data_axis``.
+            trainable; a mesh without ``data_axis``; an unknown ``compute_dtype``;
+            ``"bfloat16"`` on a platform whose policy has no native bfloat16 matmul (a CPU
+            without ``avx512_bf16``/``amx_bf16``).
     """
 
     def __init__(
@@ -119,7 +141,23 @@ class Trainer:
         data_axis: str = "dp",
         quantized_layout: str | None = None,
         policy: Any = None,
+        compute_dtype: str = "float32",
     ):
+        from maxjax.backend.policy import BFLOAT16_CPU_FLAGS, policy_for
+
+        if compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}, got {compute_dtype!r}")
+        resolved = policy_for(policy)
+        if compute_dtype == "bfloat16" and not resolved.bfloat16_matmul:
+            flags = " or ".join(sorted(BFLOAT16_CPU_FLAGS, reverse=True))
+            lack = f" (no {flags} in its CPU flags)" if resolved.platform == "cpu" else ""
+            raise ValueError(
+                f"compute_dtype='bfloat16': this {resolved.platform} has no native bfloat16 matmul{lack}, "
+                "so XLA would emulate it, slower than float32; use "
+                f"compute_dtype='float32', or pass policy=dataclasses.replace(maxjax.backend.policy_for('{resolved.platform}'), "
+                "bfloat16_matmul=True) to accept the emulation"
+            )
+        self.compute_dtype = compute_dtype
         self.module = module
         self.optimizer = optimizer
         self.mesh = mesh
@@ -127,6 +165,12 @@ class Trainer:
         if mesh is not None and data_axis not in mesh.axis_names:
             raise ValueError(f"the mesh has axes {tuple(mesh.axis_names)}, not the data axis {data_axis!r}")
         module.raw_state_dict()  # every weight by its fully-qualified name before tracing
+        master = None
+        if compute_dtype == "bfloat16":  # trace a bfloat16 copy; keep the float32 values as masters
+            from maxjax.train.trainable import dequantized
+
+            master = module.state_dict(auto_initialize=False)
+            module = dequantized(module, DType.bfloat16)
         self.graph = Graph("train_step", forward=module, input_types=[TensorType(DType.int32, ["batch", "seq"])])
         self.program = Program(
             self.graph, scan=scan, remat=remat, quantized_layout=quantized_layout, policy=policy, layer_weights="stacked"
@@ -165,6 +209,21 @@ class Trainer:
         self.trainable_entries = train_entries
         self.trainable_names = [n for n in names if n in chosen]
         self._initial = {e: values[e] for e in train_entries}
+        if master is not None:  # float32 masters from the module's own values (not rounded to bfloat16)
+            for e in train_entries:
+                v = self._initial[e]
+                for n in self.entries[e]:
+                    raw = master[n]
+                    if isinstance(raw, QuantizedArray) or not jnp.issubdtype(np.asarray(raw).dtype, jnp.floating):
+                        raise ValueError(
+                            f"trainable weight {n!r} is quantized: it cannot be trained; make a float copy with "
+                            "maxjax.train.dequantized(module), or leave it out of trainable="
+                        )
+                ws = [jnp.asarray(master[n], jnp.float32) for n in self.entries[e]]
+                m = jnp.stack(ws) if self._where[e][0] == "stacked" else ws[0]
+                if m.shape != v.shape:  # a weight kept in another device layout: its bfloat16 value, widened
+                    m = v.astype(jnp.float32)
+                self._initial[e] = m
         self.frozen = self._place({e: v for e, v in values.items() if e not in self._initial})
         self.num_compiles = 0
         #: seconds each compiled batch shape took to compile, by ``(batch, seq + 1)``
@@ -239,7 +298,12 @@ class Trainer:
 
     # -- the step ----------------------------------------------------------------------------------
     def logits(self, params: Mapping[str, Any], frozen: Mapping[str, Any], tokens: jax.Array) -> jax.Array:
-        """``logits [batch, seq, vocab]`` of ``tokens [batch, seq]`` (pure: jit/grad it)."""
+        """``logits [batch, seq, vocab]`` float32 of ``tokens [batch, seq]`` (pure: jit/grad it).
+
+        With ``compute_dtype="bfloat16"`` the float32 ``params`` are cast to bfloat16 here, so
+        their gradients come back float32."""
+        if self.compute_dtype == "bfloat16":
+            params = jax.tree.map(lambda a: a.astype(jnp.bfloat16), params)
         return self.program.apply(self._program_state(params, frozen), tokens)[0]
 
     def _loss_fn(self, params: Any, frozen: Any, tokens: jax.Array, mask: Any) -> tuple[jax.Array, jax.Array]:
