@@ -214,6 +214,9 @@ class SymbolicDim(Dim):
     def __hash__(self) -> int:
         return hash(self.name)
 
+    def __int__(self) -> int:
+        raise TypeError(f"int({self!r}): Int conversions only supported for static dims")
+
     def __repr__(self) -> str:
         return f"Dim({self.name!r})"
 
@@ -240,6 +243,9 @@ class AlgebraicDim(Dim):
         except KeyError as e:
             raise ValueError(f"dimension {self} uses {e} which has no size here (known: {sorted(env)})") from None
         return value if _is_dim_expr(value) else int(value)
+
+    def __int__(self) -> int:
+        raise TypeError(f"int({self!r}): Int conversions only supported for static dims")
 
     def __repr__(self) -> str:
         return f"Dim({str(self.expr)!r})"
@@ -424,13 +430,20 @@ class TensorType(Type):
     ``TensorType(DType.float32, ["batch", 4], DeviceRef.CPU())``.
     """
 
-    __slots__ = ("dtype", "shape", "device")
+    __slots__ = ("dtype", "shape", "device", "_layout")
 
     def __init__(self, dtype: DType, shape: ShapeLike, device: Any = None, _layout: Any = None):
         if not isinstance(dtype, DType):
             dtype = DType.of(dtype)
         self.dtype = dtype
         self.shape = Shape(shape)
+        if any(isinstance(d, StaticDim) and d.dim < 0 for d in self.shape):
+            # MAX 26.7 raises TypeError here (so does a Graph given such an input type).
+            raise TypeError(
+                "Static tensor dimensions must be non-negative; got shape=["
+                + ", ".join(str(d) for d in self.shape) + "]"
+            )
+        self._layout = _layout  # MAX's FilterLayout of a conv filter; None for other tensors
         self.device = DeviceRef.CPU() if device is None else DeviceRef.from_device(device)
 
     @property
@@ -469,7 +482,7 @@ class TensorType(Type):
         return hash((self.dtype, tuple(str(d) for d in self.shape), self.device))
 
     def __repr__(self) -> str:
-        return f"TensorType(dtype={self.dtype!r}, shape={self.shape!r}, device={self.device})"
+        return f"TensorType(dtype={self.dtype.name}, shape={self.shape!r}, device={self.device})"
 
 
 class BufferType(TensorType):
@@ -489,7 +502,7 @@ class BufferType(TensorType):
         return hash(("buffer", self.dtype, tuple(str(d) for d in self.shape), self.device))
 
     def __repr__(self) -> str:
-        return f"BufferType(dtype={self.dtype!r}, shape={self.shape!r}, device={self.device})"
+        return f"BufferType(dtype={self.dtype.name}, shape={self.shape!r}, device={self.device})"
 
 
 class FilterLayout(str, enum.Enum):

@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from maxjax.dtype import DType
 from maxjax.graph.ops._core import apply, check_axis, dtype_of
@@ -144,10 +145,17 @@ def top_k(input: Any, k: int, axis: int = -1) -> tuple[Any, Any]:
     Raises:
         ValueError: ``axis`` out of range, or ``k`` negative or more than the static size of the axis.
     """
-    a = _axis("top_k", input, axis)
+    r = len(input.shape)
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or not -r <= axis < r:
+        raise ValueError(f"top_k: axis ({axis}) out of bounds for rank {r} (expected in [{-r}, {r}))")  # MAX's words
+    a = int(axis) % r
     n = input.shape[a]
-    if int(k) < 0 or hasattr(n, "__index__") and int(k) > int(n):
-        raise ValueError(f"top_k: k={k} must be in [0, {n}] (the size of axis {axis} of {list(input.shape)})")
+    if int(k) < 0:
+        raise ValueError(f"top_k: k ({k}) must be non-negative")
+    if hasattr(n, "__index__") and int(k) > int(n):
+        raise ValueError(
+            f"top_k: k ({k}) cannot be larger than dimension size along axis {a} ({int(n)}) of {list(input.shape)}"
+        )
     dt = dtype_of(input)
     return apply(_top_k, input, _name="top_k", _dtypes=None if dt is None else [dt, DType.int64], k=int(k), axis=axis)
 

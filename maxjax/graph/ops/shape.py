@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxjax.dtype import DType
-from maxjax.graph.ops._core import apply, check_axis, check_same_device, dtype_of, op_traits
+from maxjax.graph.ops._core import apply, assert_valid_axis, check_axis, check_same_device, dtype_of, op_traits
 from maxjax.graph.quantization import QuantizedArray
 from maxjax.graph.type import DeviceRef, Dim
 from maxjax.graph.value import TensorValue
@@ -461,7 +461,7 @@ def split(x: Any, split_sizes: Sequence[Any], axis: int = 0) -> list[Any]:
         if _static(d) is None:
             raise TypeError(f"split: int({d!r}): split sizes must be static dims, got {list(split_sizes)}")
         sizes.append(_static(d))
-    axis = check_axis("split", axis, _rank(x))
+    axis = assert_valid_axis("split", axis, _rank(x))
     total = x.shape[axis]
     if Dim(builtins.sum(sizes)) != total:
         raise ValueError(  # MAX's wording (max/graph/ops/split.py)
@@ -484,12 +484,12 @@ def chunk(x: Any, chunks: int, axis: int = 0) -> list[Any]:
     """
     if _rank(x) == 0 and chunks > 1:
         raise ValueError(f"chunk: cannot split scalar value into chunks={chunks}")
+    axis = assert_valid_axis("chunk", axis, _rank(x))
+    n = _static(x.shape[axis])
+    if n is None:  # MAX 26.7 raises this before looking at chunks
+        raise TypeError(f"chunk: int({x.shape[axis]!r}): dim {axis} of {list(x.shape)} must be static")
     if chunks <= 0:
         raise ValueError(f"chunk: chunks must be positive, got {chunks}")
-    axis = check_axis("chunk", axis, _rank(x))
-    n = _static(x.shape[axis])
-    if n is None:
-        raise TypeError(f"chunk: int({x.shape[axis]!r}): dim {axis} of {list(x.shape)} must be static")
     if n % chunks:
         raise ValueError(f"chunk: chunks={chunks} must statically divide x.shape[{axis}]={n}")
     return split(x, [n // chunks] * chunks, axis)
@@ -531,8 +531,22 @@ def _broadcast_to(x: Any, *, shape: Any) -> Any:
 
 
 def broadcast_to(x: Any, shape: Iterable[Any], out_dims: Iterable[Any] | None = None) -> Any:
-    """``x`` broadcast to ``shape``."""
-    return apply(_broadcast_to, x, _name="broadcast_to", shape=_shape(out_dims if out_dims is not None else shape))
+    """``x`` broadcast to ``shape`` (numpy's rule: trailing axes aligned, an input axis of size 1
+    or equal to the output's).
+
+    Raises:
+        ValueError: an input dimension that is neither 1 nor the output's (MAX 26.7's words).
+    """
+    out = _shape(out_dims if out_dims is not None else shape)
+    lead = len(out) - _rank(x)
+    for i, d in enumerate(x.shape):
+        j = i + lead
+        if j >= 0 and _static(d) != 1 and not _same_dim(d, out[j]):
+            raise ValueError(
+                f"broadcast_to: [broadcast_to] input dimension at index {i} ({Dim(d)}) must be either 1 or "
+                f"equal to corresponding output dimension at index {j} ({Dim(out[j])})"
+            )
+    return apply(_broadcast_to, x, _name="broadcast_to", shape=out)
 
 
 def _tile(x: Any, *, repeats: Any) -> Any:
