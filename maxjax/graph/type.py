@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import functools
 import operator
+import re
 from typing import Any, Iterable, Union
 
 import jax
@@ -190,6 +191,9 @@ class StaticDim(Dim):
         return str(self.dim)
 
 
+_DIM_NAME = re.compile(r"[a-zA-Z_]\w*")
+
+
 class SymbolicDim(Dim):
     """A named dimension whose size is bound when the graph runs (``Dim("batch")``)."""
 
@@ -198,7 +202,8 @@ class SymbolicDim(Dim):
     def __init__(self, name: str):
         if isinstance(name, Dim):
             return
-        if not isinstance(name, str) or not name.isidentifier():
+        # MAX 26.7's rule: an ASCII letter or "_" first, then word characters ("aº" is fine, "º" is not)
+        if not isinstance(name, str) or not _DIM_NAME.fullmatch(name):
             raise ValueError(f"Invalid name for symbolic dimension: {name!r} (must be an identifier)")
         self.name = name
 

@@ -84,8 +84,18 @@ def _constant(*, value: Any) -> Any:
 
 
 def constant(value: Any, dtype: DType | None = None, device: DeviceRef | None = None) -> Any:
-    """A constant tensor from a Python value or NumPy array (converted to ``dtype`` if given)."""
-    arr = np.asarray(value, dtype=None if dtype is None else dtype.to_numpy())
+    """A constant tensor from a Python value or NumPy array (converted to ``dtype`` if given).
+
+    Raises:
+        ValueError: a Python int outside the range of ``dtype`` (MAX 26.7's "Unsafe cast").
+    """
+    try:
+        arr = np.asarray(value, dtype=None if dtype is None else dtype.to_numpy())
+    except OverflowError:
+        raise ValueError(
+            f"constant: Unsafe cast: Refusing to implicitly promote external array with value {value!r} "
+            f"out of range for DType {dtype}"
+        ) from None
     if arr.dtype == np.float64 and dtype is None and not isinstance(value, np.ndarray):
         arr = arr.astype(np.float32)
     from maxjax.graph.graph import current_graph
@@ -93,7 +103,7 @@ def constant(value: Any, dtype: DType | None = None, device: DeviceRef | None = 
 
     g = current_graph()
     if g is not None:
-        return const_value(g, arr)
+        return _on_device(const_value(g, arr), device)
     return TensorValue(jnp.asarray(arr))
 
 
@@ -132,6 +142,8 @@ def range(
         for name, v in (("start", start), ("stop", stop), ("step", step)):
             if _is_tensor(v) and _rank(v) != 0:
                 raise ValueError(f"range: range expected scalar values as inputs! ({name} has shape {list(v.shape)})")
+            if isinstance(v, TensorValue) and v._graph is not None and v.device != DeviceRef.CPU():
+                raise ValueError(f"range: Range input values must be on CPU ({name} is on {v.device})")
         out = apply(_range_dyn, start, step, _name="range", _dtypes=[dtype], n=_dim(out_dim), dtype=dtype.to_jax())
         return _on_device(out, device)
     if out_dim is None:
