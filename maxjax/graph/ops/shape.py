@@ -805,6 +805,8 @@ def slice_tensor(x: Any, indices: Any) -> Any:
                 raise ValueError(f"slice: index {ix} out of range of dim {axis} of size {n} (shape {shape})")
         if isinstance(ix, slice) and ix.step is not None and not isinstance(ix.step, Dim) and ix.step == 0:
             raise ValueError(f"slice: step in index {ix} can't be 0")
+        if isinstance(ix, slice) and axis is not None:
+            _check_slice_order(ix, shape[axis])
     spec: list[Any] = []
     tensors: list[Any] = []
     for ix in indices:
@@ -814,12 +816,44 @@ def slice_tensor(x: Any, indices: Any) -> Any:
             spec.append(_TENSOR)
             tensors.append(ix)
         elif isinstance(ix, slice):
-            spec.append(slice(*(None if v is None else _dim(v) for v in (ix.start, ix.stop, ix.step))))
+            spec.append(slice(*(None if v is None else _int32_bound(_dim(v)) for v in (ix.start, ix.stop, ix.step))))
         elif ix is None or ix is Ellipsis:
             spec.append(ix)
         else:
-            spec.append(_dim(ix))
+            spec.append(_int32_bound(_dim(ix)))
     return apply(_slice, x, *tensors, _name="slice", spec=tuple(spec))
+
+
+def _int32_bound(v: Any) -> Any:
+    """An int index or slice bound clamped to int32's range, in which JAX (no x64) computes
+    indices: no axis JAX holds is that long, so a bound beyond it (MAX allows any int64 on a
+    symbolic dim) selects what the clamped one does. Dims are kept."""
+    if isinstance(v, int) and not -(2**31) < v < 2**31:
+        return 2**31 - 1 if v > 0 else -(2**31 - 1)
+    return v
+
+
+def _check_slice_order(ix: slice, dim: Any) -> None:
+    """MAX 26.7's rule for int bounds of a positive step: start <= stop (negative bounds counted
+    from the end of a static dim).
+
+    Raises:
+        ValueError: a decreasing start and stop (MAX's words).
+    """
+    step = 1 if ix.step is None else ix.step
+    start, stop = ix.start, ix.stop
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (start, stop, step)) or step <= 0:
+        return
+    n = _static(dim)
+    if n is not None:
+        start, stop = (v + n if v < 0 else v for v in (start, stop))
+    elif (start < 0) != (stop < 0):
+        return  # one bound from each end of a symbolic dim: known only when the graph runs
+    if start > stop:
+        raise ValueError(
+            f"slice: start and stop should be increasing for positive step and decreasing for negative step, "
+            f"but got start {start}, stop {stop} for step {step}"
+        )
 
 
 from maxjax.graph.ops.scatter import scatter_nd  # noqa: E402 - MAX's scatter family lives in scatter.py
