@@ -152,3 +152,35 @@ def test_slice_order_eager() -> None:
     np.testing.assert_array_equal(np.asarray(ops.slice_tensor(a, (slice(1, 3),))), a[1:3])
     with pytest.raises(ValueError, match="start 3, stop 1"):
         ops.slice_tensor(a, (slice(3, 1),))
+
+
+def test_range_length_beyond_int64() -> None:
+    with _graph():
+        start = ops.constant(0, DType.int64, device=CPU)
+        stop = ops.constant(-(2**63), DType.int64, device=CPU)
+        step = ops.constant(-1, DType.int64, device=CPU)
+        with pytest.raises(ValueError):  # the length 2**63 is no int64 (MAX: ValueError)
+            ops.range(start, stop, step, 2**63, device=CPU, dtype=DType.int64)
+
+
+def test_ops_keep_declared_dtypes() -> None:
+    with _graph(TensorType(DType.bool, [3, 2], CPU), TensorType(DType.bool, [4], CPU)) as g:
+        b, v = (x.tensor for x in g.inputs)
+        # MAX: hann_window's dtype is the one asked for (float64 too); cumsum, sum, prod, max of a
+        # bool stay bool; argsort of a bool is int64 indices, both orders.
+        assert ops.hann_window(8, CPU, dtype=DType.float64).dtype == DType.float64
+        assert ops.cumsum(b, axis=0).type == b.type
+        for op in (ops.sum, ops.prod, ops.max, ops.min, ops.mean):
+            assert op(b, axis=1).dtype == DType.bool
+        for ascending in (True, False):
+            assert ops.argsort(v, ascending=ascending).type == v.type.cast(DType.int64)
+
+
+def test_bool_reductions_and_argsort_eager() -> None:
+    b = np.array([[True, False], [False, False], [True, True]])
+    np.testing.assert_array_equal(np.asarray(ops.cumsum(b, axis=0)), [[True, False], [True, False], [True, True]])
+    np.testing.assert_array_equal(np.asarray(ops.sum(b, axis=1)), [[True], [False], [True]])
+    np.testing.assert_array_equal(np.asarray(ops.prod(b, axis=1)), [[False], [False], [True]])
+    # descending argsort is stable and right for unsigned ints (no negation)
+    np.testing.assert_array_equal(np.asarray(ops.argsort(np.array([0, 200, 5, 200], np.uint8), ascending=False)), [1, 3, 2, 0])
+    np.testing.assert_array_equal(np.asarray(ops.argsort(np.array([True, False, True]), ascending=False)), [0, 2, 1])

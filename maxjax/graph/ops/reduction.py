@@ -22,7 +22,8 @@ __all__ = ["sum", "mean", "prod", "max", "min", "argmax", "argmin", "top_k", "bo
 
 def _reducer(name: str, f: Any) -> Any:
     def kernel(x: Any, *, axis: int) -> Any:
-        return f(x, axis=axis, keepdims=True)
+        # MAX keeps the input's dtype (a bool or int8 sum is a bool or int8; JAX widens them)
+        return f(x, axis=axis, keepdims=True).astype(x.dtype)
 
     kernel.__name__ = name
 
@@ -169,7 +170,7 @@ def bottom_k(input: Any, k: int, axis: int = -1) -> tuple[Any, Any]:
 
 
 def _argsort(x: Any, *, ascending: bool) -> Any:
-    return jnp.argsort(x if ascending else -x, axis=-1, stable=True)
+    return jnp.argsort(x, axis=-1, stable=True, descending=not ascending)
 
 
 def argsort(x: Any, ascending: bool = True) -> Any:
@@ -184,12 +185,15 @@ def argsort(x: Any, ascending: bool = True) -> Any:
 
 
 def _cumsum(x: Any, *, axis: int, exclusive: bool, reverse: bool) -> Any:
+    dtype = x.dtype  # MAX keeps it (a bool cumsum is a bool: a running "any")
+    if dtype == jnp.bool_:
+        x = x.astype(jnp.int32)
     if reverse:
         x = jnp.flip(x, axis)
-    out = jnp.cumsum(x, axis=axis)
+    out = jnp.cumsum(x, axis=axis, dtype=x.dtype)
     if exclusive:
         out = out - x
-    return jnp.flip(out, axis) if reverse else out
+    return (jnp.flip(out, axis) if reverse else out).astype(dtype)
 
 
 def cumsum(x: Any, axis: int = -1, exclusive: bool = False, reverse: bool = False) -> Any:

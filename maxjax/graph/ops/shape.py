@@ -144,7 +144,9 @@ def range(
                 raise ValueError(f"range: range expected scalar values as inputs! ({name} has shape {list(v.shape)})")
             if isinstance(v, TensorValue) and v._graph is not None and v.device != DeviceRef.CPU():
                 raise ValueError(f"range: Range input values must be on CPU ({name} is on {v.device})")
-        out = apply(_range_dyn, start, step, _name="range", _dtypes=[dtype], n=_dim(out_dim), dtype=dtype.to_jax())
+        n = _dim(out_dim)
+        Dim(n)  # ValueError for a length beyond int64, as MAX
+        out = apply(_range_dyn, start, step, _name="range", _dtypes=[dtype], n=n, dtype=dtype.to_jax())
         return _on_device(out, device)
     if out_dim is None:
         if isinstance(start, float) or isinstance(stop, float) or isinstance(step, float):
@@ -154,6 +156,7 @@ def range(
             if _static(out_dim) is not None and _static(out_dim) < 0:
                 out_dim = 0
     n = _dim(out_dim)
+    Dim(n)  # ValueError for a length beyond int64, as MAX
     s0 = _dim(start) if not isinstance(start, float) else start
     st = _dim(step) if not isinstance(step, float) else step
     return _on_device(apply(_range, _name="range", _dtypes=[dtype], start=s0, step=st, n=n, dtype=dtype.to_jax()), device)
