@@ -184,3 +184,24 @@ def test_bool_reductions_and_argsort_eager() -> None:
     # descending argsort is stable and right for unsigned ints (no negation)
     np.testing.assert_array_equal(np.asarray(ops.argsort(np.array([0, 200, 5, 200], np.uint8), ascending=False)), [1, 3, 2, 0])
     np.testing.assert_array_equal(np.asarray(ops.argsort(np.array([True, False, True]), ascending=False)), [0, 2, 1])
+
+
+def test_call_declared_dtypes_and_wrong_type() -> None:
+    it = TensorType(DType.int64, [3], CPU)
+    with Graph("main", input_types=[it, it]) as g:
+        with g.add_subgraph("add", input_types=[it, it]) as sub:
+            a, b = (x.tensor for x in sub.inputs)
+            sub.output(ops.add(a, b), ops.cast(a, DType.bool))
+        assert [r.type for r in ops.call(sub, *g.inputs)] == [it, it.cast(DType.bool)]
+        with g.add_subgraph("f", input_types=[TensorType(DType.int32, [3], CPU)] * 2) as sub32:
+            sub32.output(sub32.inputs[0])
+        with pytest.raises(ValueError, match="wrong type"):  # int64 is not int32 (MAX)
+            ops.call(sub32, *g.inputs)
+
+
+def test_driver_version_and_cpu_host_func() -> None:
+    import maxjax.driver as md
+
+    assert md.__version__
+    with pytest.raises(RuntimeError):  # MAX: CPU devices take no host callbacks
+        md.CPU().__unsafe_enqueue_py_host_func(lambda: None)
