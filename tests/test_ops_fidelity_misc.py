@@ -205,3 +205,9 @@ def test_driver_version_and_cpu_host_func() -> None:
     assert md.__version__
     with pytest.raises(RuntimeError):  # MAX: CPU devices take no host callbacks
         md.CPU().__unsafe_enqueue_py_host_func(lambda: None)
+
+
+def test_slice_bounds_of_long_static_dims_are_exact() -> None:
+    with _graph(TensorType(DType.float32, [2**40], CPU)) as g:
+        x = g.inputs[0].tensor
+        assert x[2**35 : 2**35 + 2].shape == [2]  # no int32 clamping of a static axis

@@ -812,26 +812,28 @@ def slice_tensor(x: Any, indices: Any) -> Any:
             _check_slice_order(ix, shape[axis])
     spec: list[Any] = []
     tensors: list[Any] = []
-    for ix in indices:
+    for ix, axis in zip(indices, dims_of):
         if isinstance(ix, tuple) and len(ix) == 2 and isinstance(ix[0], slice):
             ix = ix[0]
+        symbolic = axis is not None and _static(shape[axis]) is None
         if _is_tensor(ix):
             spec.append(_TENSOR)
             tensors.append(ix)
         elif isinstance(ix, slice):
-            spec.append(slice(*(None if v is None else _int32_bound(_dim(v)) for v in (ix.start, ix.stop, ix.step))))
+            spec.append(slice(*(None if v is None else _int32_bound(_dim(v), symbolic) for v in (ix.start, ix.stop, ix.step))))
         elif ix is None or ix is Ellipsis:
             spec.append(ix)
         else:
-            spec.append(_int32_bound(_dim(ix)))
+            spec.append(_int32_bound(_dim(ix), symbolic))
     return apply(_slice, x, *tensors, _name="slice", spec=tuple(spec))
 
 
-def _int32_bound(v: Any) -> Any:
-    """An int index or slice bound clamped to int32's range, in which JAX (no x64) computes
-    indices: no axis JAX holds is that long, so a bound beyond it (MAX allows any int64 on a
-    symbolic dim) selects what the clamped one does. Dims are kept."""
-    if isinstance(v, int) and not -(2**31) < v < 2**31:
+def _int32_bound(v: Any, symbolic: bool) -> Any:
+    """An int index or slice bound of a ``symbolic`` axis clamped to int32's range, in which JAX
+    (no x64) computes such indices: no axis JAX holds is that long, so a bound beyond it (MAX
+    allows any int64 on a symbolic dim) selects what the clamped one does. Dims, and bounds of
+    static axes (JAX resolves those in Python), are kept."""
+    if symbolic and isinstance(v, int) and not -(2**31) < v < 2**31:
         return 2**31 - 1 if v > 0 else -(2**31 - 1)
     return v
 
