@@ -211,3 +211,14 @@ def test_slice_bounds_of_long_static_dims_are_exact() -> None:
     with _graph(TensorType(DType.float32, [2**40], CPU)) as g:
         x = g.inputs[0].tensor
         assert x[2**35 : 2**35 + 2].shape == [2]  # no int32 clamping of a static axis
+
+
+def test_conv_operands_on_two_devices() -> None:
+    x_t = TensorType(DType.float32, [1, 8, 8, 4], CPU)
+    w_t = TensorType(DType.float32, [3, 3, 4, 5], DeviceRef.GPU(1))
+    with _graph(x_t, w_t) as g:
+        x, w = (v.tensor for v in g.inputs)
+        with pytest.raises(ValueError, match="same device"):
+            ops.conv2d(x, w)
+        with pytest.raises(ValueError, match="same device"):
+            ops.conv2d_transpose(x, w)

@@ -52,7 +52,7 @@ def _check_args(sub: Graph, args: Sequence[Any]) -> None:
         # holds both in 32 bits); an array's is compared as JAX holds it
         if (dt != t.dtype) if isinstance(a, TensorValue) and a._graph is not None else dt.to_jax() != t.dtype.to_jax():
             raise ValueError(
-                f"Argument {i} to call to {sub.name} has the wrong type: expected dtype {t.dtype!r}, got {dt!r}"
+                f"Argument {i} to call to {sub.name}: expected dtype {t.dtype!r}, got {dt!r} (wrong type)"
             )
         shape = list(a.shape)
         if len(shape) != t.rank:
