@@ -222,3 +222,21 @@ def test_conv_operands_on_two_devices() -> None:
             ops.conv2d(x, w)
         with pytest.raises(ValueError, match="same device"):
             ops.conv2d_transpose(x, w)
+
+
+def test_repeat_interleave_zero_repeats() -> None:
+    with _graph(TensorType(DType.float32, [3], CPU)) as g:
+        with pytest.raises(ValueError, match="repeat value must be positive, given repeats=0"):
+            ops.repeat_interleave(g.inputs[0].tensor, 0)
+        assert ops.repeat_interleave(g.inputs[0].tensor, 2).shape == [6]
+
+
+def test_dequantize_last_dim_checks() -> None:
+    from maxjax.graph.quantization import QuantizationEncoding
+
+    with _graph(TensorType(DType.uint8, [2, 19], CPU), TensorType(DType.uint8, [2, "n"], CPU)) as g:
+        odd, sym = (v.tensor for v in g.inputs)
+        with pytest.raises(ValueError, match=r"last dimension \(19\) not divisible by block size \(18\)"):
+            ops.dequantize(QuantizationEncoding.Q4_0, odd)
+        with pytest.raises(TypeError, match="static last dimension"):
+            ops.dequantize(QuantizationEncoding.Q4_0, sym)

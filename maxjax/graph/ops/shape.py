@@ -616,9 +616,9 @@ def repeat_interleave(x: Any, repeats: int, axis: int | None = None, out_dim: An
     """Each element repeated ``repeats`` times along ``axis`` (flattened when ``axis`` is None).
 
     Raises:
-        ValueError: ``repeats`` is negative, or ``axis`` out of range.
+        ValueError: ``repeats`` is not positive (MAX 26.7 refuses 0 too), or ``axis`` out of range.
     """
-    if int(repeats) < 0:
+    if int(repeats) <= 0:
         raise ValueError(f"repeat_interleave: repeat value must be positive, given repeats={repeats}")
     if axis is not None:
         check_axis("repeat_interleave", axis, _rank(x), error=ValueError)
