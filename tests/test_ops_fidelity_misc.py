@@ -240,3 +240,12 @@ def test_dequantize_last_dim_checks() -> None:
             ops.dequantize(QuantizationEncoding.Q4_0, odd)
         with pytest.raises(TypeError, match="static last dimension"):
             ops.dequantize(QuantizationEncoding.Q4_0, sym)
+
+
+def test_reshape_of_zero_elements_with_huge_dims() -> None:
+    # MAX: a 0 among the dims makes 0 elements, however large the others multiply out
+    with _graph(TensorType(DType.float32, [2**40, 0, 2**40, "a"], CPU)) as g:
+        out = g.inputs[0].tensor.reshape([0, 2**50, "a", 2**40])
+        assert out.shape == [0, 2**50, "a", 2**40]
+        with pytest.raises(ValueError):
+            g.inputs[0].tensor.reshape([1, "a"])

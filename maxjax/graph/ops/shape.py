@@ -72,9 +72,12 @@ def _same_dim(a: Any, b: Any) -> bool:
 
 
 def _product(dims: Iterable[Any]) -> Dim:
+    dims = [Dim(d) for d in dims]
+    if any(_static(d) == 0 for d in dims):  # 0 elements (the other sizes may multiply past int64)
+        return Dim(0)
     out: Dim = Dim(1)
     for d in dims:
-        out = out * Dim(d)
+        out = out * d
     return out
 
 
