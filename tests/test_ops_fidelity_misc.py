@@ -249,3 +249,10 @@ def test_reshape_of_zero_elements_with_huge_dims() -> None:
         assert out.shape == [0, 2**50, "a", 2**40]
         with pytest.raises(ValueError):
             g.inputs[0].tensor.reshape([1, "a"])
+
+
+def test_gather_nd_devices_checked_first() -> None:
+    # MAX checks devices before anything else (here the indices' float dtype would fail later)
+    with _graph(TensorType(DType.float32, [4, 3], CPU), TensorType(DType.float32, [2, 1], DeviceRef.GPU(1))) as g:
+        with pytest.raises(ValueError, match="Input values must be on the same device\n    input: "):
+            ops.gather_nd(*(v.tensor for v in g.inputs))

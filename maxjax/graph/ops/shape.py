@@ -715,7 +715,7 @@ def gather(input: Any, indices: Any, axis: int = -1) -> Any:
     idt = dtype_of(indices)
     if idt is not None and not idt.is_integral():
         raise ValueError(f"gather: indices must be integers, got indices.dtype={idt!r}")
-    check_same_device("gather", input, indices)
+    check_same_device("gather", input=input, indices=indices)
     return apply(_gather, input, indices, _name="gather", axis=axis)
 
 
@@ -738,6 +738,7 @@ def gather_nd(input: Any, indices: Any, batch_dims: int = 0) -> Any:
             ``batch_dims + k`` more than the rank of ``input``, or ``batch_dims`` not below the rank
             of ``indices``.
     """
+    check_same_device("gather_nd", input=input, indices=indices)  # first, as MAX
     idt = dtype_of(indices)
     if idt is not None and not idt.is_integral():
         raise ValueError(f"gather_nd: indices.dtype={idt!r} must be an integer type")
@@ -757,7 +758,6 @@ def gather_nd(input: Any, indices: Any, batch_dims: int = 0) -> Any:
                 f"gather_nd: input {list(input.shape)} and indices {list(indices.shape)} must match in their first "
                 f"batch_dims={batch_dims} dims"
             )
-    check_same_device("gather_nd", input, indices)
     return apply(_gather_nd, input, indices, _name="gather_nd", batch_dims=batch_dims)
 
 
