@@ -97,6 +97,7 @@ class DType(enum.Enum):
         return _TO_NUMPY[self]
 
     # -- properties --------------------------------------------------------------------------
+    @property
     def size_in_bits(self) -> int:
         """Bits of one element (4 for float4_e2m1fn, 6 for the float6 kinds, 8 for bool)."""
         return _BITS.get(self, np.dtype(_TO_NUMPY[self]).itemsize * 8)

@@ -38,8 +38,8 @@ def test_dtype_numpy_round_trip_and_properties(dtype):
 
 
 def test_dtype_bits_and_jax():
-    assert DType.float4_e2m1fn.size_in_bits() == 4 and DType.float6_e3m2fn.size_in_bits() == 6
-    assert DType.bfloat16.size_in_bits() == 16 and DType.bool.size_in_bits() == 8
+    assert DType.float4_e2m1fn.size_in_bits == 4 and DType.float6_e3m2fn.size_in_bits == 6
+    assert DType.bfloat16.size_in_bits == 16 and DType.bool.size_in_bits == 8  # a property, as in MAX 26.7
     assert DType.bfloat16.to_jax() == jnp.bfloat16
     assert DType.from_jax(jnp.float16) is DType.float16
     assert DType.int64.to_jax() == (jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)

@@ -10,6 +10,7 @@
 Every public name of MAX 26.7's ``max.driver`` is here.
 """
 
+from maxjax import __version__  # noqa: F401 - MAX's max.driver.__version__
 from maxjax.driver.buffer import (
     Buffer,
     DLPackArray,

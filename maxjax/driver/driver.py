@@ -247,6 +247,23 @@ class Accelerator(Device):
         return cls._wrap(devs[index])
 
 
+def _unsafe_enqueue_py_host_func(self: Device, fn: Any) -> None:
+    """MAX's ``Device.__unsafe_enqueue_py_host_func(fn)``: runs ``fn()`` on the host once the work
+    already enqueued on this accelerator is done (maxjax waits for that work, then calls ``fn``).
+
+    Raises:
+        RuntimeError: on a CPU (MAX's CPU devices take no host callbacks).
+    """
+    if self.is_host:
+        raise RuntimeError(f"__unsafe_enqueue_py_host_func: host callbacks are not supported on {self.label} devices")
+    self.synchronize()
+    fn()
+
+
+# set after the class body: a name starting with "__" would be mangled there; MAX's is not
+setattr(Device, "__unsafe_enqueue_py_host_func", _unsafe_enqueue_py_host_func)
+
+
 def accelerator_count() -> int:
     """The number of GPU/TPU devices JAX sees (0 on a CPU-only machine)."""
     return len(_accelerators())

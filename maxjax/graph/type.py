@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import functools
 import operator
+import re
 from typing import Any, Iterable, Union
 
 import jax
@@ -190,6 +191,9 @@ class StaticDim(Dim):
         return str(self.dim)
 
 
+_DIM_NAME = re.compile(r"[a-zA-Z_]\w*")
+
+
 class SymbolicDim(Dim):
     """A named dimension whose size is bound when the graph runs (``Dim("batch")``)."""
 
@@ -198,7 +202,8 @@ class SymbolicDim(Dim):
     def __init__(self, name: str):
         if isinstance(name, Dim):
             return
-        if not isinstance(name, str) or not name.isidentifier():
+        # MAX 26.7's rule: an ASCII letter or "_" first, then word characters ("aº" is fine, "º" is not)
+        if not isinstance(name, str) or not _DIM_NAME.fullmatch(name):
             raise ValueError(f"Invalid name for symbolic dimension: {name!r} (must be an identifier)")
         self.name = name
 
@@ -213,6 +218,9 @@ class SymbolicDim(Dim):
 
     def __hash__(self) -> int:
         return hash(self.name)
+
+    def __int__(self) -> int:
+        raise TypeError(f"int({self!r}): Int conversions only supported for static dims")
 
     def __repr__(self) -> str:
         return f"Dim({self.name!r})"
@@ -240,6 +248,9 @@ class AlgebraicDim(Dim):
         except KeyError as e:
             raise ValueError(f"dimension {self} uses {e} which has no size here (known: {sorted(env)})") from None
         return value if _is_dim_expr(value) else int(value)
+
+    def __int__(self) -> int:
+        raise TypeError(f"int({self!r}): Int conversions only supported for static dims")
 
     def __repr__(self) -> str:
         return f"Dim({str(self.expr)!r})"
@@ -427,13 +438,20 @@ class TensorType(Type):
     ``TensorType(DType.float32, ["batch", 4], DeviceRef.CPU())``.
     """
 
-    __slots__ = ("dtype", "shape", "device")
+    __slots__ = ("dtype", "shape", "device", "_layout")
 
     def __init__(self, dtype: DType, shape: ShapeLike, device: Any = None, _layout: Any = None):
         if not isinstance(dtype, DType):
             dtype = DType.of(dtype)
         self.dtype = dtype
         self.shape = Shape(shape)
+        if any(isinstance(d, StaticDim) and d.dim < 0 for d in self.shape):
+            # MAX 26.7 raises TypeError here (so does a Graph given such an input type).
+            raise TypeError(
+                "Static tensor dimensions must be non-negative; got shape=["
+                + ", ".join(str(d) for d in self.shape) + "]"
+            )
+        self._layout = _layout  # MAX's FilterLayout of a conv filter; None for other tensors
         self.device = DeviceRef.CPU() if device is None else DeviceRef.from_device(device)
 
     @property
@@ -472,7 +490,7 @@ class TensorType(Type):
         return hash((self.dtype, tuple(str(d) for d in self.shape), self.device))
 
     def __repr__(self) -> str:
-        return f"TensorType(dtype={self.dtype!r}, shape={self.shape!r}, device={self.device})"
+        return f"TensorType(dtype={self.dtype.name}, shape={self.shape!r}, device={self.device})"
 
 
 class BufferType(TensorType):
@@ -492,7 +510,7 @@ class BufferType(TensorType):
         return hash(("buffer", self.dtype, tuple(str(d) for d in self.shape), self.device))
 
     def __repr__(self) -> str:
-        return f"BufferType(dtype={self.dtype!r}, shape={self.shape!r}, device={self.device})"
+        return f"BufferType(dtype={self.dtype.name}, shape={self.shape!r}, device={self.device})"
 
 
 class FilterLayout(str, enum.Enum):

@@ -351,6 +351,10 @@ class TensorValue(Value):
             raise TypeError(f"len() of a TensorValue whose first dim is symbolic ({first})")
         return first
 
+    def __contains__(self, item: Any) -> bool:
+        # MAX 26.7 disallows ``in`` (it would loop forever over a symbolic value).
+        raise TypeError(f"'{type(self).__name__}' object is not a container")
+
     def __iter__(self) -> Any:
         if self._array is None:
             raise TypeError("a symbolic TensorValue is not iterable; use ops.split or slicing")

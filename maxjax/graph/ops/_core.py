@@ -44,7 +44,7 @@ from maxjax.graph.type import Dim, Shape
 from maxjax.graph.value import TensorValue
 
 __all__ = [
-    "apply", "check_axis", "check_same_device", "concretize", "dtype_of", "is_quantized", "op_traits", "static_exprs",
+    "apply", "assert_valid_axis", "check_axis", "check_same_device", "concretize", "dtype_of", "is_quantized", "op_traits", "static_exprs",
     "static_ints",
 ]  # fmt: skip
 
@@ -203,19 +203,33 @@ def check_axis(op: str, axis: int, rank: int, *, error: type = IndexError, extra
     return int(axis) % n if n else 0
 
 
-def check_same_device(op: str, *values: Any) -> None:
-    """MAX's rule: graph values given to one op live on one device.
+def assert_valid_axis(op: str, axis: int, rank: int) -> int:
+    """MAX's ``assert_valid_axis`` (max/graph/ops/validation.py, used by split and chunk):
+    ``axis`` as a non-negative index.
 
     Raises:
-        ValueError: two graph values on different devices (naming the op and the devices).
+        IndexError: ``axis`` outside ``[-rank, rank)`` ("Axis must be in range [-r, r), got a").
     """
-    devices = {}
-    for i, v in enumerate(values):
-        if isinstance(v, TensorValue) and v._node is not None:
-            devices.setdefault(v.device, i)
-    if len(devices) > 1:
-        listed = ", ".join(f"input {i} on {d}" for d, i in devices.items())
-        raise ValueError(f"{op}: Input values must be on the same device, got {listed}")
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise TypeError(f"{op}: axis must be an int, got {axis!r}")
+    if not -rank <= axis < rank:
+        raise IndexError(f"{op}: Axis must be in range [-{rank}, {rank}), got {axis}")
+    return int(axis) % rank
+
+
+def check_same_device(op: str, *values: Any, **named_values: Any) -> None:
+    """MAX's rule (``assert_same_device``, max/graph/ops/validation.py): the graph values given to
+    one op live on one device. Arrays carry no DeviceRef and are not checked.
+
+    Raises:
+        ValueError: two graph values on different devices, listing each one's name (its position
+            for ``values``) and type, in MAX's words.
+    """
+    named = {**{str(i): v for i, v in enumerate(values)}, **named_values}
+    tvs = {k: v for k, v in named.items() if isinstance(v, TensorValue) and v._graph is not None}
+    if len({v.device for v in tvs.values()}) > 1:
+        lines = "\n".join(f"    {k}: {v.type}" for k, v in tvs.items())
+        raise ValueError(f"{op}: Input values must be on the same device\n{lines}")
 
 
 def _declared_dtypes(leaves: list[Any], ins: list[Any]) -> list[Any]:

@@ -48,8 +48,12 @@ def _check_args(sub: Graph, args: Sequence[Any]) -> None:
         if not hasattr(a, "dtype") or not hasattr(a, "shape"):
             raise ValueError(f"Argument {i} to call to {sub.name} must be a tensor, got {type(a).__name__}")
         dt = DType.of(a.dtype)
-        if dt.to_jax() != t.dtype.to_jax():
-            raise ValueError(f"Argument {i} to call to {sub.name}: expected dtype {t.dtype!r}, got {dt!r}")
+        # a graph value's declared dtype must be the input's (int64 is not int32 even where JAX
+        # holds both in 32 bits); an array's is compared as JAX holds it
+        if (dt != t.dtype) if isinstance(a, TensorValue) and a._graph is not None else dt.to_jax() != t.dtype.to_jax():
+            raise ValueError(
+                f"Argument {i} to call to {sub.name}: expected dtype {t.dtype!r}, got {dt!r} (wrong type)"
+            )
         shape = list(a.shape)
         if len(shape) != t.rank:
             raise ValueError(
@@ -165,6 +169,9 @@ def call(graph: Graph, *args: Any, prefix: str = "") -> list[Any]:
             raise ValueError(f"call to {graph.name}: {e}") from None
         graph._call_shapes[key] = out_avals
     node = caller._add_node(
-        Node("call", f"call[{graph.name}, prefix={prefix!r}]", out_avals, args=tuple(vals), extra=site)
+        Node(
+            "call", f"call[{graph.name}, prefix={prefix!r}]", out_avals, args=tuple(vals), extra=site,
+            dtypes=[o.dtype for o in graph._outputs],  # the subgraph's declared output dtypes (int64 stays int64)
+        )
     )
     return [TensorValue._from_node(caller, node, i) for i in range(len(out_avals))]

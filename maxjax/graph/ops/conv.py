@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from maxjax.graph.ops._core import apply
+from maxjax.graph.ops._core import apply, check_same_device
 from maxjax.graph.type import ConvInputLayout, FilterLayout
 
 __all__ = ["conv2d", "conv3d"]
@@ -75,6 +75,7 @@ def _check(op: str, x: Any, w: Any, n: int, filter_layout: str, groups: int, str
 def _run(op: str, n: int, x: Any, filter: Any, stride: Any, dilation: Any, padding: Any, groups: int, bias: Any, input_layout: Any, filter_layout: Any) -> Any:  # noqa: A002
     if ConvInputLayout(input_layout) != ConvInputLayout.NHWC:
         raise NotImplementedError(f"{op}: input_layout={input_layout!r}; maxjax takes channels-last inputs (NHWC)")
+    check_same_device(op, x=x, filter=filter)
     rhs = _check(op, x, filter, n, filter_layout, groups, tuple(stride), tuple(dilation), tuple(padding))
     tensors = (x, filter) if bias is None else (x, filter, bias)
     dtype = conv_dtype(op, x, filter)

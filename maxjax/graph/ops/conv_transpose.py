@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from maxjax.graph.ops._core import apply
+from maxjax.graph.ops._core import apply, check_same_device
 from maxjax.graph.ops.conv import conv_dtype
 from maxjax.graph.ops.pooling import _static
 from maxjax.graph.type import ConvInputLayout, FilterLayout
@@ -83,6 +83,7 @@ def conv2d_transpose(
         raise ValueError("filter for a 2-D deconvolution must be rank 4 with shape (height, width, out_channels, in_channels)")
     if output_paddings[0] >= stride[0] or output_paddings[1] >= stride[1]:
         raise ValueError(f"output padding must be smaller than either stride or dilation, but got output_padding = {tuple(output_paddings)}")
+    check_same_device("conv2d_transpose", x=x, filter=filter)  # where MAX checks it
     layout = FilterLayout(filter_layout).value
     if layout not in _RHS:
         raise ValueError(f"conv2d_transpose: filter_layout {layout!r} is not supported (supported: ['CFRS', 'RSCF'])")

@@ -22,6 +22,7 @@ and the table in ``tests/data/ops_rules_promotion.json`` observed from MAX 26.7 
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 import jax
@@ -102,14 +103,38 @@ def common_dtype(op: str, a: DType, b: DType) -> DType:
     """
     if a == b:
         return a
-    ka, kb = (_category(a), a.size_in_bits()), (_category(b), b.size_in_bits())
+    ka, kb = (_category(a), a.size_in_bits), (_category(b), b.size_in_bits)
     wide, narrow = (a, b) if ka > kb else (b, a)
     if ka == kb or not _represents(wide, narrow):
         raise ValueError(
-            f"{op}: cannot promote {a!r} and {b!r}: {narrow!r} is not exactly representable in {wide!r} "
-            "(cast one operand explicitly with ops.cast)"
+            f"{op}: Failed to resolve valid dtype: Unsafe cast from {_mlir_name(narrow)} to "
+            f"{_mlir_name(_target(wide, narrow))}. Insert an explicit cast op if this conversion is wanted "
+            f"(promoting {a!r} and {b!r}: {narrow!r} is not exactly representable in {wide!r})"
         )
     return wide
+
+
+# MAX's (MLIR's) spelling of a dtype in its promotion errors ("si32", "ui8", "f16", "bf16").
+_MLIR_FLOATS = {DType.float16: "f16", DType.bfloat16: "bf16", DType.float32: "f32", DType.float64: "f64"}
+
+
+def _mlir_name(d: DType) -> str:
+    if d is DType.bool:
+        return "i1"
+    if d.is_integral():
+        return f"{'ui' if d.is_unsigned_integral() else 'si'}{d.size_in_bits}"
+    return _MLIR_FLOATS.get(d, str(d))
+
+
+def _target(wide: DType, narrow: DType) -> DType:
+    """The dtype MAX 26.7 names as the failed promotion's target: ``wide``'s kind, at least
+    ``narrow``'s width (int32 with float16 names f32; int64 with bfloat16 names f64)."""
+    if wide.size_in_bits >= narrow.size_in_bits:
+        return wide
+    bits = narrow.size_in_bits
+    if wide.is_float():
+        return {32: DType.float32}.get(bits, DType.float64)
+    return DType.of(np.dtype(f"{'u' if wide.is_unsigned_integral() else 'i'}{bits // 8}"))
 
 
 def _is_strong(x: Any) -> bool:
@@ -185,7 +210,7 @@ def promote(op: str, lhs: Any, rhs: Any, *, integers_to: DType | None = None) ->
             raise TypeError(f"{op}: unsupported operand type {type(x).__name__}: {x!r}")
     lhs, rhs = (_strong(lhs) if ls else lhs), (_strong(rhs) if rs else rhs)
     if ls and rs:
-        check_same_device(op, lhs, rhs)
+        check_same_device(op, lhs=lhs, rhs=rhs)
         dl, dr = dtype_of(lhs), dtype_of(rhs)
         if integers_to is not None and dl.is_integral() and dr.is_integral():
             return lhs, rhs, integers_to
@@ -350,6 +375,37 @@ def _where(c: Any, a: Any, b: Any, *, dtype: Any) -> Any:
     return jnp.where(c, _cast(a, dtype), _cast(b, dtype))
 
 
+def _check_broadcastable(op: str, **named: Any) -> None:
+    """MAX's broadcast rule for the named operands (trailing axes aligned; a dim broadcasts when
+    it equals the other or is 1).
+
+    Raises:
+        ValueError: two dims neither equal nor 1, in MAX 26.7's words ("... are neither
+            equivalent nor broadcastable").
+    """
+    shapes = {k: [Dim(d) for d in getattr(v, "shape", ())] for k, v in named.items()}
+    rank = builtins.max((len(sh) for sh in shapes.values()), default=0)
+    for axis in range(rank):
+        seen: tuple[str, Dim, int] | None = None
+        for k, sh in shapes.items():
+            i = axis - (rank - len(sh))
+            if i < 0 or sh[i] == Dim(1):
+                continue
+            if seen is None:
+                seen = (k, sh[i], i)
+            elif seen[1] != sh[i]:
+                k0, d0, i0 = seen
+                raise ValueError(
+                    f"{op}: Input {k0} (shape {_fmt(shapes[k0])}) dimension at axis {i0} (value {d0}) and input "
+                    f"{k} (shape {_fmt(sh)}) dimension at axis {i} (value {sh[i]}) are neither equivalent nor "
+                    "broadcastable"
+                )
+
+
+def _fmt(shape: list[Dim]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
 def where(condition: Any, x: Any, y: Any) -> Any:
     """``x`` where ``condition`` is true, else ``y`` (broadcasting all three); ``x`` and ``y`` are
     promoted as a binary op's operands (:func:`promote`).
@@ -366,9 +422,10 @@ def where(condition: Any, x: Any, y: Any) -> Any:
         cond = _unary_operand("where", condition)
         cdt = dtype_of(cond)
     if cdt is not DType.bool:
-        raise ValueError(f"where: expected condition to be a boolean tensor, but got a tensor with dtype {cdt!r}")
+        raise ValueError(f"where: Expected condition to be a boolean tensor, but got a tensor with dtype {cdt}")
+    check_same_device("where", condition=cond, x=x, y=y)  # before promote, as MAX
     x, y, dtype = promote("where", x, y)
-    check_same_device("where", cond, x, y)
+    _check_broadcastable("where", condition=cond, x=x, y=y)
     return apply(_where, cond, x, y, _name="where", _dtypes=[dtype], dtype=dtype.to_jax())
 
 

@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 
 from maxjax.graph.ops._core import apply, check_same_device, dtype_of, op_traits
-from maxjax.graph.type import Dim
+from maxjax.graph.type import Dim, StaticDim
 from maxjax.graph.layer_weights import LayerIndexed
-from maxjax.graph.quantization import as_quantized
+from maxjax.graph.quantization import QuantizedArray, as_quantized
 
 __all__ = ["matmul", "softmax", "logsoftmax", "layer_norm", "rms_norm", "dequantize", "qmatmul"]
 
@@ -204,7 +204,18 @@ def dequantize(encoding: Any, quantized: Any) -> Any:
     """The float32 tensor of a quantized one: GGUF blocks uint8 ``[rows, bytes_per_row]`` (or a
     :class:`~maxjax.graph.quantization.QuantizedArray`, e.g. rows gathered from a quantized
     weight) in, float32 ``[rows, cols]`` out, bit-identical to the ``gguf`` package's dequantizer.
+
+    Raises:
+        TypeError: a symbolic last dimension (MAX 26.7's type).
+        ValueError: a last dimension (bytes per row) that is not a whole number of blocks.
     """
+    if not isinstance(quantized, QuantizedArray) and len(quantized.shape) > 0:
+        last = Dim(quantized.shape[-1])
+        if not isinstance(last, StaticDim):
+            raise TypeError(f"dequantize only supported with static last dimension, got shape {list(quantized.shape)}")
+        block = getattr(encoding, "block_size", None)
+        if block and int(last) % block:
+            raise ValueError(f"dequantize: last dimension ({int(last)}) not divisible by block size ({block})")
     return apply(_dequantize, quantized, _name=f"dequantize[{encoding.value}]", encoding=encoding)
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from maxjax.dtype import DType
 from maxjax.graph.ops._core import apply, check_axis, dtype_of
@@ -21,7 +22,8 @@ __all__ = ["sum", "mean", "prod", "max", "min", "argmax", "argmin", "top_k", "bo
 
 def _reducer(name: str, f: Any) -> Any:
     def kernel(x: Any, *, axis: int) -> Any:
-        return f(x, axis=axis, keepdims=True)
+        # MAX keeps the input's dtype (a bool or int8 sum is a bool or int8; JAX widens them)
+        return f(x, axis=axis, keepdims=True).astype(x.dtype)
 
     kernel.__name__ = name
 
@@ -144,10 +146,17 @@ def top_k(input: Any, k: int, axis: int = -1) -> tuple[Any, Any]:
     Raises:
         ValueError: ``axis`` out of range, or ``k`` negative or more than the static size of the axis.
     """
-    a = _axis("top_k", input, axis)
+    r = len(input.shape)
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or not -r <= axis < r:
+        raise ValueError(f"top_k: axis ({axis}) out of bounds for rank {r} (expected in [{-r}, {r}))")  # MAX's words
+    a = int(axis) % r
     n = input.shape[a]
-    if int(k) < 0 or hasattr(n, "__index__") and int(k) > int(n):
-        raise ValueError(f"top_k: k={k} must be in [0, {n}] (the size of axis {axis} of {list(input.shape)})")
+    if int(k) < 0:
+        raise ValueError(f"top_k: k ({k}) must be non-negative")
+    if hasattr(n, "__index__") and int(k) > int(n):
+        raise ValueError(
+            f"top_k: k ({k}) cannot be larger than dimension size along axis {a} ({int(n)}) of {list(input.shape)}"
+        )
     dt = dtype_of(input)
     return apply(_top_k, input, _name="top_k", _dtypes=None if dt is None else [dt, DType.int64], k=int(k), axis=axis)
 
@@ -161,7 +170,7 @@ def bottom_k(input: Any, k: int, axis: int = -1) -> tuple[Any, Any]:
 
 
 def _argsort(x: Any, *, ascending: bool) -> Any:
-    return jnp.argsort(x if ascending else -x, axis=-1, stable=True)
+    return jnp.argsort(x, axis=-1, stable=True, descending=not ascending)
 
 
 def argsort(x: Any, ascending: bool = True) -> Any:
@@ -176,12 +185,15 @@ def argsort(x: Any, ascending: bool = True) -> Any:
 
 
 def _cumsum(x: Any, *, axis: int, exclusive: bool, reverse: bool) -> Any:
+    dtype = x.dtype  # MAX keeps it (a bool cumsum is a bool: a running "any")
+    if dtype == jnp.bool_:
+        x = x.astype(jnp.int32)
     if reverse:
         x = jnp.flip(x, axis)
-    out = jnp.cumsum(x, axis=axis)
+    out = jnp.cumsum(x, axis=axis, dtype=x.dtype)
     if exclusive:
         out = out - x
-    return jnp.flip(out, axis) if reverse else out
+    return (jnp.flip(out, axis) if reverse else out).astype(dtype)
 
 
 def cumsum(x: Any, axis: int = -1, exclusive: bool = False, reverse: bool = False) -> Any:

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxjax.dtype import DType
-from maxjax.graph.ops._core import apply
+from maxjax.graph.ops._core import apply, check_same_device
 from maxjax.graph.type import Dim, StaticDim
 from maxjax.graph.value import TensorValue
 
@@ -73,14 +73,6 @@ def _fmt(shape: list[Dim]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def _same_device(op: str, **values: Any) -> None:
-    """MAX's ``assert_same_device`` over the graph values among ``values`` (arrays carry no DeviceRef)."""
-    tvs = {k: v for k, v in values.items() if isinstance(v, TensorValue) and v._graph is not None}
-    if len({v.device for v in tvs.values()}) > 1:
-        lines = "\n".join(f"    {k}: {v.type}" for k, v in tvs.items())
-        raise ValueError(f"Input values must be on the same device\n{lines}")
-
-
 def _check_indices_dtype(indices: Any) -> None:
     dt = _dtype(indices)
     if dt not in _INDEX_DTYPES:
@@ -96,7 +88,7 @@ def _check_axis_op(op: str, input: Any, updates: Any, indices: Any, axis: int) -
     if _dtype(input) != _dtype(updates):
         raise ValueError(f"The input dtype '{_dtype(input)}' and updates dtype '{_dtype(updates)}' must match.")
     _check_indices_dtype(indices)
-    _same_device(op, input=input, updates=updates, indices=indices)
+    check_same_device(op, input=input, updates=updates, indices=indices)
     s_in, s_up, s_ix = _shape(input), _shape(updates), _shape(indices)
     if not (len(s_in) == len(s_up) == len(s_ix)):
         raise ValueError(
@@ -118,7 +110,7 @@ def _check_nd_op(op: str, input: Any, updates: Any, indices: Any) -> None:
     if _dtype(input) != _dtype(updates):
         raise ValueError(f"The input dtype ({_dtype(input)}) and updates dtype ({_dtype(updates)}) must match")
     _check_indices_dtype(indices)
-    _same_device(op, input=input, updates=updates, indices=indices)
+    check_same_device(op, input=input, updates=updates, indices=indices)
     s_in, s_up, s_ix = _shape(input), _shape(updates), _shape(indices)
     if not s_ix or not isinstance(s_ix[-1], StaticDim) or int(s_ix[-1]) > len(s_in):
         raise ValueError(
@@ -317,7 +309,7 @@ def masked_scatter(input: Any, mask: Any, updates: Any, out_dim: Any) -> Any:
         _tensor(v, "masked_scatter", n)
     if _dtype(input) != _dtype(updates):
         raise ValueError(f"The input dtype ({_dtype(input)}) and updates dtype ({_dtype(updates)}) must match")
-    _same_device("masked_scatter", input=input, updates=updates)
+    check_same_device("masked_scatter", input=input, updates=updates)
     s_in, s_m = _shape(input), _shape(mask)
     ok = len(s_m) <= len(s_in) and all(
         not (isinstance(a, StaticDim) and isinstance(b, StaticDim)) or a == b or int(a) == 1

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxjax.dtype import DType
-from maxjax.graph.ops._core import apply, check_axis, check_same_device, dtype_of, op_traits
+from maxjax.graph.ops._core import apply, assert_valid_axis, check_axis, check_same_device, dtype_of, op_traits
 from maxjax.graph.quantization import QuantizedArray
 from maxjax.graph.type import DeviceRef, Dim
 from maxjax.graph.value import TensorValue
@@ -72,9 +72,12 @@ def _same_dim(a: Any, b: Any) -> bool:
 
 
 def _product(dims: Iterable[Any]) -> Dim:
+    dims = [Dim(d) for d in dims]
+    if any(_static(d) == 0 for d in dims):  # 0 elements (the other sizes may multiply past int64)
+        return Dim(0)
     out: Dim = Dim(1)
     for d in dims:
-        out = out * Dim(d)
+        out = out * d
     return out
 
 
@@ -84,8 +87,18 @@ def _constant(*, value: Any) -> Any:
 
 
 def constant(value: Any, dtype: DType | None = None, device: DeviceRef | None = None) -> Any:
-    """A constant tensor from a Python value or NumPy array (converted to ``dtype`` if given)."""
-    arr = np.asarray(value, dtype=None if dtype is None else dtype.to_numpy())
+    """A constant tensor from a Python value or NumPy array (converted to ``dtype`` if given).
+
+    Raises:
+        ValueError: a Python int outside the range of ``dtype`` (MAX 26.7's "Unsafe cast").
+    """
+    try:
+        arr = np.asarray(value, dtype=None if dtype is None else dtype.to_numpy())
+    except OverflowError:
+        raise ValueError(
+            f"constant: Unsafe cast: Refusing to implicitly promote external array with value {value!r} "
+            f"out of range for DType {dtype}"
+        ) from None
     if arr.dtype == np.float64 and dtype is None and not isinstance(value, np.ndarray):
         arr = arr.astype(np.float32)
     from maxjax.graph.graph import current_graph
@@ -93,7 +106,7 @@ def constant(value: Any, dtype: DType | None = None, device: DeviceRef | None = 
 
     g = current_graph()
     if g is not None:
-        return const_value(g, arr)
+        return _on_device(const_value(g, arr), device)
     return TensorValue(jnp.asarray(arr))
 
 
@@ -132,7 +145,11 @@ def range(
         for name, v in (("start", start), ("stop", stop), ("step", step)):
             if _is_tensor(v) and _rank(v) != 0:
                 raise ValueError(f"range: range expected scalar values as inputs! ({name} has shape {list(v.shape)})")
-        out = apply(_range_dyn, start, step, _name="range", _dtypes=[dtype], n=_dim(out_dim), dtype=dtype.to_jax())
+            if isinstance(v, TensorValue) and v._graph is not None and v.device != DeviceRef.CPU():
+                raise ValueError(f"range: Range input values must be on CPU ({name} is on {v.device})")
+        n = _dim(out_dim)
+        Dim(n)  # ValueError for a length beyond int64, as MAX
+        out = apply(_range_dyn, start, step, _name="range", _dtypes=[dtype], n=n, dtype=dtype.to_jax())
         return _on_device(out, device)
     if out_dim is None:
         if isinstance(start, float) or isinstance(stop, float) or isinstance(step, float):
@@ -142,6 +159,7 @@ def range(
             if _static(out_dim) is not None and _static(out_dim) < 0:
                 out_dim = 0
     n = _dim(out_dim)
+    Dim(n)  # ValueError for a length beyond int64, as MAX
     s0 = _dim(start) if not isinstance(start, float) else start
     st = _dim(step) if not isinstance(step, float) else step
     return _on_device(apply(_range, _name="range", _dtypes=[dtype], start=s0, step=st, n=n, dtype=dtype.to_jax()), device)
@@ -461,7 +479,7 @@ def split(x: Any, split_sizes: Sequence[Any], axis: int = 0) -> list[Any]:
         if _static(d) is None:
             raise TypeError(f"split: int({d!r}): split sizes must be static dims, got {list(split_sizes)}")
         sizes.append(_static(d))
-    axis = check_axis("split", axis, _rank(x))
+    axis = assert_valid_axis("split", axis, _rank(x))
     total = x.shape[axis]
     if Dim(builtins.sum(sizes)) != total:
         raise ValueError(  # MAX's wording (max/graph/ops/split.py)
@@ -484,12 +502,12 @@ def chunk(x: Any, chunks: int, axis: int = 0) -> list[Any]:
     """
     if _rank(x) == 0 and chunks > 1:
         raise ValueError(f"chunk: cannot split scalar value into chunks={chunks}")
+    axis = assert_valid_axis("chunk", axis, _rank(x))
+    n = _static(x.shape[axis])
+    if n is None:  # MAX 26.7 raises this before looking at chunks
+        raise TypeError(f"chunk: int({x.shape[axis]!r}): dim {axis} of {list(x.shape)} must be static")
     if chunks <= 0:
         raise ValueError(f"chunk: chunks must be positive, got {chunks}")
-    axis = check_axis("chunk", axis, _rank(x))
-    n = _static(x.shape[axis])
-    if n is None:
-        raise TypeError(f"chunk: int({x.shape[axis]!r}): dim {axis} of {list(x.shape)} must be static")
     if n % chunks:
         raise ValueError(f"chunk: chunks={chunks} must statically divide x.shape[{axis}]={n}")
     return split(x, [n // chunks] * chunks, axis)
@@ -531,8 +549,22 @@ def _broadcast_to(x: Any, *, shape: Any) -> Any:
 
 
 def broadcast_to(x: Any, shape: Iterable[Any], out_dims: Iterable[Any] | None = None) -> Any:
-    """``x`` broadcast to ``shape``."""
-    return apply(_broadcast_to, x, _name="broadcast_to", shape=_shape(out_dims if out_dims is not None else shape))
+    """``x`` broadcast to ``shape`` (numpy's rule: trailing axes aligned, an input axis of size 1
+    or equal to the output's).
+
+    Raises:
+        ValueError: an input dimension that is neither 1 nor the output's (MAX 26.7's words).
+    """
+    out = _shape(out_dims if out_dims is not None else shape)
+    lead = len(out) - _rank(x)
+    for i, d in enumerate(x.shape):
+        j = i + lead
+        if j >= 0 and _static(d) != 1 and not _same_dim(d, out[j]):
+            raise ValueError(
+                f"broadcast_to: [broadcast_to] input dimension at index {i} ({Dim(d)}) must be either 1 or "
+                f"equal to corresponding output dimension at index {j} ({Dim(out[j])})"
+            )
+    return apply(_broadcast_to, x, _name="broadcast_to", shape=out)
 
 
 def _tile(x: Any, *, repeats: Any) -> Any:
@@ -587,9 +619,9 @@ def repeat_interleave(x: Any, repeats: int, axis: int | None = None, out_dim: An
     """Each element repeated ``repeats`` times along ``axis`` (flattened when ``axis`` is None).
 
     Raises:
-        ValueError: ``repeats`` is negative, or ``axis`` out of range.
+        ValueError: ``repeats`` is not positive (MAX 26.7 refuses 0 too), or ``axis`` out of range.
     """
-    if int(repeats) < 0:
+    if int(repeats) <= 0:
         raise ValueError(f"repeat_interleave: repeat value must be positive, given repeats={repeats}")
     if axis is not None:
         check_axis("repeat_interleave", axis, _rank(x), error=ValueError)
@@ -683,7 +715,7 @@ def gather(input: Any, indices: Any, axis: int = -1) -> Any:
     idt = dtype_of(indices)
     if idt is not None and not idt.is_integral():
         raise ValueError(f"gather: indices must be integers, got indices.dtype={idt!r}")
-    check_same_device("gather", input, indices)
+    check_same_device("gather", input=input, indices=indices)
     return apply(_gather, input, indices, _name="gather", axis=axis)
 
 
@@ -706,6 +738,7 @@ def gather_nd(input: Any, indices: Any, batch_dims: int = 0) -> Any:
             ``batch_dims + k`` more than the rank of ``input``, or ``batch_dims`` not below the rank
             of ``indices``.
     """
+    check_same_device("gather_nd", input=input, indices=indices)  # first, as MAX
     idt = dtype_of(indices)
     if idt is not None and not idt.is_integral():
         raise ValueError(f"gather_nd: indices.dtype={idt!r} must be an integer type")
@@ -725,7 +758,6 @@ def gather_nd(input: Any, indices: Any, batch_dims: int = 0) -> Any:
                 f"gather_nd: input {list(input.shape)} and indices {list(indices.shape)} must match in their first "
                 f"batch_dims={batch_dims} dims"
             )
-    check_same_device("gather_nd", input, indices)
     return apply(_gather_nd, input, indices, _name="gather_nd", batch_dims=batch_dims)
 
 
@@ -779,21 +811,57 @@ def slice_tensor(x: Any, indices: Any) -> Any:
                 raise ValueError(f"slice: index {ix} out of range of dim {axis} of size {n} (shape {shape})")
         if isinstance(ix, slice) and ix.step is not None and not isinstance(ix.step, Dim) and ix.step == 0:
             raise ValueError(f"slice: step in index {ix} can't be 0")
+        if isinstance(ix, slice) and axis is not None:
+            _check_slice_order(ix, shape[axis])
     spec: list[Any] = []
     tensors: list[Any] = []
-    for ix in indices:
+    for ix, axis in zip(indices, dims_of):
         if isinstance(ix, tuple) and len(ix) == 2 and isinstance(ix[0], slice):
             ix = ix[0]
+        symbolic = axis is not None and _static(shape[axis]) is None
         if _is_tensor(ix):
             spec.append(_TENSOR)
             tensors.append(ix)
         elif isinstance(ix, slice):
-            spec.append(slice(*(None if v is None else _dim(v) for v in (ix.start, ix.stop, ix.step))))
+            spec.append(slice(*(None if v is None else _int32_bound(_dim(v), symbolic) for v in (ix.start, ix.stop, ix.step))))
         elif ix is None or ix is Ellipsis:
             spec.append(ix)
         else:
-            spec.append(_dim(ix))
+            spec.append(_int32_bound(_dim(ix), symbolic))
     return apply(_slice, x, *tensors, _name="slice", spec=tuple(spec))
+
+
+def _int32_bound(v: Any, symbolic: bool) -> Any:
+    """An int index or slice bound of a ``symbolic`` axis clamped to int32's range, in which JAX
+    (no x64) computes such indices: no axis JAX holds is that long, so a bound beyond it (MAX
+    allows any int64 on a symbolic dim) selects what the clamped one does. Dims, and bounds of
+    static axes (JAX resolves those in Python), are kept."""
+    if symbolic and isinstance(v, int) and not -(2**31) < v < 2**31:
+        return 2**31 - 1 if v > 0 else -(2**31 - 1)
+    return v
+
+
+def _check_slice_order(ix: slice, dim: Any) -> None:
+    """MAX 26.7's rule for int bounds of a positive step: start <= stop (negative bounds counted
+    from the end of a static dim).
+
+    Raises:
+        ValueError: a decreasing start and stop (MAX's words).
+    """
+    step = 1 if ix.step is None else ix.step
+    start, stop = ix.start, ix.stop
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (start, stop, step)) or step <= 0:
+        return
+    n = _static(dim)
+    if n is not None:
+        start, stop = (v + n if v < 0 else v for v in (start, stop))
+    elif (start < 0) != (stop < 0):
+        return  # one bound from each end of a symbolic dim: known only when the graph runs
+    if start > stop:
+        raise ValueError(
+            f"slice: start and stop should be increasing for positive step and decreasing for negative step, "
+            f"but got start {start}, stop {stop} for step {step}"
+        )
 
 
 from maxjax.graph.ops.scatter import scatter_nd  # noqa: E402 - MAX's scatter family lives in scatter.py

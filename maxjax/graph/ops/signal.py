@@ -64,9 +64,13 @@ def hann_window(window_length: int, device: DeviceRef, periodic: bool = True, dt
     if not dtype.is_float():
         raise ValueError(f"Unsafe cast: Can't promote python float to dtype({dtype}).")
     if window_length <= 1:
-        out = apply(_filled, _name="hann_window", values=(1.0,) * window_length, dtype=dtype.to_jax())
-    else:
-        out = apply(_hann, _name="hann_window", n=window_length, periodic=bool(periodic), dtype=dtype.to_jax())
+        out = apply(
+            _filled, _name="hann_window", _dtypes=[dtype], values=(1.0,) * window_length, dtype=dtype.to_jax()
+        )
+    else:  # declared dtype: MAX's float64 (held as float32 when JAX has no x64)
+        out = apply(
+            _hann, _name="hann_window", _dtypes=[dtype], n=window_length, periodic=bool(periodic), dtype=dtype.to_jax()
+        )
     return transfer_to(out, device)
 
 
