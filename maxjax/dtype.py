@@ -102,6 +102,7 @@ class DType(enum.Enum):
         """Bits of one element (4 for float4_e2m1fn, 6 for the float6 kinds, 8 for bool)."""
         return _BITS.get(self, np.dtype(_TO_NUMPY[self]).itemsize * 8)
 
+    @property
     def size_in_bytes(self) -> int:
         """Bytes one element occupies in memory (the float4/float6 kinds are stored in a byte)."""
         return np.dtype(_TO_NUMPY[self]).itemsize
@@ -109,7 +110,7 @@ class DType(enum.Enum):
     @property
     def align(self) -> int:
         """The default alignment in bytes of an array of this dtype (its element size)."""
-        return self.size_in_bytes()
+        return self.size_in_bytes
 
     def is_integral(self) -> bool:
         """True for the signed and unsigned integer kinds (not bool)."""

@@ -27,7 +27,7 @@ def test_dtype_numpy_round_trip_and_properties(dtype):
     np_dtype = dtype.to_numpy()
     assert DType.from_numpy(np_dtype) is dtype
     assert np.dtype(dtype) == np_dtype
-    assert dtype.size_in_bytes() == np_dtype.itemsize
+    assert dtype.size_in_bytes == np_dtype.itemsize
     assert dtype.align == np_dtype.itemsize
     assert dtype.is_float() == (np_dtype.kind == "f" or "float" in np_dtype.name)
     assert dtype.is_integral() == (np_dtype.kind in "iu")

@@ -146,7 +146,7 @@ def _diagnose(path: str, library_message: str) -> str:
             return f"tensor {name!r} has a malformed header entry {info!r} (safetensors: {library_message})"
         furthest = max(furthest, end)
         if dtype is not None:
-            need = math.prod(shape) * dtype.size_in_bytes()
+            need = math.prod(shape) * dtype.size_in_bytes
             if end - begin != need:
                 return (
                     f"tensor {name!r} ({info['dtype']} {shape}) needs {need} bytes but its data_offsets "
@@ -398,8 +398,8 @@ class SafetensorsStore(WeightsStore):
 
 def _byte_shape(shape: tuple[int, ...], dtype: DType) -> tuple[int, ...]:
     if not shape:
-        return (dtype.size_in_bytes(),)
-    return (*shape[:-1], shape[-1] * dtype.size_in_bytes())
+        return (dtype.size_in_bytes,)
+    return (*shape[:-1], shape[-1] * dtype.size_in_bytes)
 
 
 class SafetensorWeights(HierarchicalWeights):

@@ -40,8 +40,8 @@ def is_lossy_cast(src: DType, dst: DType) -> bool:
     if src.is_signed_integral() and dst.is_unsigned_integral():
         return True
     if src.is_unsigned_integral() and dst.is_signed_integral():
-        return dst.size_in_bytes() <= src.size_in_bytes()
-    return dst.size_in_bytes() < src.size_in_bytes()
+        return dst.size_in_bytes <= src.size_in_bytes
+    return dst.size_in_bytes < src.size_in_bytes
 
 
 def _wrap_loaded(data: Any) -> Any:
@@ -106,7 +106,7 @@ class WeightData(DLPackArray):
         n = 1
         for d in self.shape:
             n *= int(d)
-        return n * self.dtype.size_in_bytes()
+        return n * self.dtype.size_in_bytes
 
     def to_numpy(self) -> np.ndarray:
         """The data as a NumPy array (a host copy for device data)."""

@@ -167,7 +167,7 @@ class KVCacheParams:
     @property
     def bytes_per_block(self) -> int:
         """Bytes of one page (all layers, keys and values)."""
-        return int(np.prod(self.shape_per_block)) * self.dtype.size_in_bytes()
+        return int(np.prod(self.shape_per_block)) * self.dtype.size_in_bytes
 
     def blocks_shape(self, num_pages: Any = "total_num_pages") -> list[Any]:
         """``kv_blocks``'s shape for ``num_pages`` pages (a symbolic name by default)."""
