@@ -49,7 +49,6 @@ _MESH = "multi-device class of MAX's per-device style; one maxjax layer on a jax
 _DEV = "MAX driver runtime API (virtual devices, launch traces, device queues/events, pinned copies, peer access); JAX's runtime manages devices and transfers"
 _ENGINE = "MAX engine compile-artifact API (MEF files, compile-only models, debug/log config); maxjax compiles with jax.jit and keeps nothing on disk"
 _MLIR = "MAX graph-compiler internal (MLIR module/types, Mojo kernel libraries, custom extensions); maxjax's graph is a DAG of jnp ops"
-_CUSTOM = "runs a Mojo kernel by name; maxjax ops are jnp/lax functions (a custom op is a Python function)"
 _QUANT = "quantized-format layer (GPTQ / FP8 / FP4 scales) not built; maxjax's quantized path is GGUF blocks (QuantizedArray)"
 _KV = "paged / ragged KV-cache machinery of MAX's serving engine; maxjax's engine keeps its own dense cache (maxjax.serve)"
 _TODO = "not built yet (issue 21: MAX's layer library)"
@@ -85,11 +84,10 @@ REASONS: dict[str, str] = {
     # max.engine
     **_each("MefStore", _ENGINE, "engine"),
     # max.graph
-    **_each("default_custom_extensions default_custom_extensions_scope GraphBlock GraphDebugConfig ProfileScopeColor DevicePlacementPolicy", _MLIR, "graph"),
+    **_each("GraphBlock GraphDebugConfig ProfileScopeColor DevicePlacementPolicy", _MLIR, "graph"),
     "graph.AlgebraicDim": "maxjax's AlgebraicDim holds a symbolic expression (expr=) where MAX's holds an MLIR attribute (attr=)",
     # max.graph.ops
-    **_each("custom inplace_custom", _CUSTOM, "graph.ops"),
-    **_each("allgather_rms_norm allgather_rms_norm_quant_mxfp6 allgather_rms_norm_quant_mxfp8 distributed_broadcast distributed_scatter reduce_scatter_rms_norm shard_and_stack", _MESH, "graph.ops"),
+    **_each("allgather_rms_norm_quant_mxfp6 allgather_rms_norm_quant_mxfp8", "allgather + RMSNorm + MXFP6/MXFP8 quantization in one GPU kernel; maxjax has no MX block-scaled float formats", "graph.ops"),
     "graph.ops.side_stream": _DEV,
     "graph.ops.assert_same_device": _DEV,
     # max.graph.weights
