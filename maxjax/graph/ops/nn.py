@@ -209,7 +209,14 @@ def dequantize(encoding: Any, quantized: Any) -> Any:
         TypeError: a symbolic last dimension (MAX 26.7's type).
         ValueError: a last dimension (bytes per row) that is not a whole number of blocks.
     """
-    if not isinstance(quantized, QuantizedArray) and len(quantized.shape) > 0:
+    from maxjax.graph.value import TensorValue
+    from maxjax.graph.weight import Weight
+
+    raw_bytes = not (
+        isinstance(quantized, (QuantizedArray, Weight))  # a quantized weight: its shape is the logical one
+        or (isinstance(quantized, TensorValue) and isinstance(quantized._aval, QuantizedArray))
+    )
+    if raw_bytes and len(quantized.shape) > 0:
         last = Dim(quantized.shape[-1])
         if not isinstance(last, StaticDim):
             raise TypeError(f"dequantize only supported with static last dimension, got shape {list(quantized.shape)}")
