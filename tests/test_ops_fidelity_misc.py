@@ -256,3 +256,57 @@ def test_gather_nd_devices_checked_first() -> None:
     with _graph(TensorType(DType.float32, [4, 3], CPU), TensorType(DType.float32, [2, 1], DeviceRef.GPU(1))) as g:
         with pytest.raises(ValueError, match="Input values must be on the same device\n    input: "):
             ops.gather_nd(*(v.tensor for v in g.inputs))
+
+
+def test_conv_over_a_symbolic_channel_count_builds_and_runs() -> None:
+    """MAX 26.7 builds conv2d / conv2d_transpose over an input whose channel count is symbolic (the
+    filter fixes it); maxjax rebinds the channels to the filter's and checks them when it runs."""
+    from maxjax.engine import InferenceSession
+
+    x_t = TensorType(DType.float32, [1, "h", "w", "c"], CPU)
+    f = np.random.default_rng(0).standard_normal((2, 2, 3, 4)).astype(np.float32)  # RSCF: 3 in, 4 out
+    with Graph("conv_sym", input_types=[x_t, TensorType(DType.float32, [2, 2, 3, 4], CPU)]) as g:
+        y = ops.conv2d(g.inputs[0].tensor, g.inputs[1].tensor)
+        assert list(y.shape)[-1] == 4
+        g.output(y)
+    model = InferenceSession().load(g)
+    x = np.random.default_rng(1).standard_normal((1, 5, 6, 3)).astype(np.float32)
+    out = model.execute(x, f)[0].to_numpy()
+    ref = np.zeros((1, 4, 5, 4), np.float32)
+    for i in range(4):
+        for j in range(5):
+            ref[0, i, j] = np.einsum("rsc,rscf->f", x[0, i:i + 2, j:j + 2], f)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(Exception, match=re.escape("(1, 5, 6, 2)")):  # refused at run time (rebind), naming the shape
+        model.execute(np.zeros((1, 5, 6, 2), np.float32), f)  # 2 channels against the filter's 3
+    with Graph("convt_sym", input_types=[x_t, TensorType(DType.float32, [2, 2, 4, 3], CPU)]) as g:
+        y = ops.conv2d_transpose(g.inputs[0].tensor, g.inputs[1].tensor)
+        assert list(y.shape)[-1] == 4 and str(y.shape[1]) != "h"  # [1, h + 1, w + 1, 4]
+
+
+def test_conv_checks_dtypes_before_shapes() -> None:
+    # MAX 26.7: an int32 input and a float16 filter fail on the dtypes even when the channels differ too
+    with Graph("conv_dt", input_types=[TensorType(DType.int32, [1, 8, 8, 4], CPU)]) as g:
+        w = ops.constant(np.zeros((3, 3, 5, 4), np.float16), DType.float16, CPU)
+        with pytest.raises(ValueError, match="Failed to resolve valid dtype: Unsafe cast from si32 to f32"):
+            ops.conv2d(g.inputs[0].tensor, w)
+
+
+def test_buffer_store_slice_refuses_a_source_on_another_device() -> None:
+    from maxjax.graph import BufferType
+
+    with Graph("bss", input_types=[TensorType(DType.float32, [2], CPU), BufferType(DType.float32, [2], DeviceRef.GPU(1))]) as g:
+        t, b = g.inputs
+        with pytest.raises(ValueError, match="same device"):
+            ops.buffer_store_slice(b.buffer, t.tensor, [...])
+
+
+def test_conv2d_shard_puts_each_replica_on_its_device() -> None:
+    from maxjax.graph import ShardingStrategy
+    from maxjax.nn import Conv2d
+
+    conv = Conv2d(kernel_size=3, in_channels=3, out_channels=8, dtype=DType.float32, device=DeviceRef.GPU(0), has_bias=True)
+    conv.sharding_strategy = ShardingStrategy.replicate(num_devices=2)
+    shards = conv.shard([DeviceRef.GPU(0), DeviceRef.GPU(1)])
+    assert [s.device for s in shards] == [DeviceRef.GPU(0), DeviceRef.GPU(1)]
+    assert all(s.filter.sharding_strategy == conv.filter.sharding_strategy for s in shards)

@@ -51,6 +51,15 @@ class _Conv(Module):
         if self.bias is not None:
             self.bias.sharding_strategy = strategy
 
+    def shard(self, devices: Any) -> list[Any]:
+        """One replica per device (MAX's ``shard``): copy ``i`` holds shard ``i`` of the weights
+        and has ``device = devices[i]``."""
+        devices = list(devices)
+        shards = super().shard(devices)
+        for copy, device in zip(shards, devices):
+            object.__setattr__(copy, "device", device)
+        return shards
+
 
 class Conv1D(_Conv):
     """1-D convolution of ``x [batch, length, in_channels]`` (``[batch, in_channels, length]``

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from maxjax.graph.buffer import BufferValue
-from maxjax.graph.ops._core import apply
+from maxjax.graph.ops._core import apply, check_same_device
 from maxjax.graph.value import TensorValue
 
 __all__ = ["buffer_create", "buffer_load", "buffer_store", "buffer_store_slice"]
@@ -87,9 +87,11 @@ def buffer_store_slice(destination: BufferValue, source: Any, indices: Any) -> N
 
     Raises:
         TypeError: ``destination`` is not a buffer.
+        ValueError: ``source`` on another device than the buffer (MAX's "same device" message).
     """
     dest = _check_buffer(destination, "buffer_store_slice")
     _check_writable(dest, "buffer_store_slice")
+    check_same_device("buffer_store_slice", destination=dest._current, source=source)
     index = tuple(indices) if isinstance(indices, (list, tuple)) else (indices,)
     dest._current = apply(_store_slice, dest._current, source, _name="buffer_store_slice", index=index)
 

@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from maxjax.graph.ops._core import apply, check_same_device
-from maxjax.graph.type import ConvInputLayout, FilterLayout
+from maxjax.graph.type import ConvInputLayout, Dim, FilterLayout, StaticDim
+from maxjax.graph.value import TensorValue
 
 __all__ = ["conv2d", "conv3d"]
 
@@ -65,6 +66,8 @@ def _check(op: str, x: Any, w: Any, n: int, filter_layout: str, groups: int, str
         raise ValueError(f"{op}: filter_layout {filter_layout!r} is not supported (supported: {sorted(_SPEC[n][1])})")
     in_per_group = w.shape[rhs.index("I")]
     c = x.shape[-1]
+    if not isinstance(Dim(c), StaticDim) or not isinstance(Dim(in_per_group), StaticDim):
+        return rhs  # a symbolic channel count: checked when the graph runs (see _run)
     if int(c) % groups or int(in_per_group) * groups != int(c):
         raise ValueError(
             f"{op}: input channels ({c}) must equal the filter's input channels per group ({in_per_group}) x groups ({groups})"
@@ -76,9 +79,13 @@ def _run(op: str, n: int, x: Any, filter: Any, stride: Any, dilation: Any, paddi
     if ConvInputLayout(input_layout) != ConvInputLayout.NHWC:
         raise NotImplementedError(f"{op}: input_layout={input_layout!r}; maxjax takes channels-last inputs (NHWC)")
     check_same_device(op, x=x, filter=filter)
+    dtype = conv_dtype(op, x, filter)  # before the shapes, as MAX 26.7 checks them
     rhs = _check(op, x, filter, n, filter_layout, groups, tuple(stride), tuple(dilation), tuple(padding))
+    in_per_group = Dim(filter.shape[rhs.index("I")])
+    if isinstance(x, TensorValue) and not isinstance(Dim(x.shape[-1]), StaticDim) and isinstance(in_per_group, StaticDim):
+        # MAX builds a conv over a symbolic channel count; the filter fixes it, checked at run time
+        x = x.rebind([*x.shape[:-1], int(in_per_group) * int(groups)], message=f"{op}: input channels must equal the filter's")
     tensors = (x, filter) if bias is None else (x, filter, bias)
-    dtype = conv_dtype(op, x, filter)
     return apply(
         _conv, *tensors, _name=op, _dtypes=[dtype], dtype=dtype.to_jax(), stride=tuple(int(s) for s in stride), dilation=tuple(int(d) for d in dilation),
         padding=tuple(int(p) for p in padding), groups=int(groups), lhs=_SPEC[n][0], rhs=rhs,

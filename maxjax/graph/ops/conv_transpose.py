@@ -31,6 +31,7 @@ from maxjax.graph.ops._core import apply, check_same_device
 from maxjax.graph.ops.conv import conv_dtype
 from maxjax.graph.ops.pooling import _static
 from maxjax.graph.type import ConvInputLayout, FilterLayout
+from maxjax.graph.value import TensorValue
 
 __all__ = ["conv2d_transpose"]
 
@@ -95,6 +96,11 @@ def conv2d_transpose(
             f"conv2d_transpose: input channels ({c_in}, axis {lhs.index('C')} of {lhs} input) must match the "
             f"filter's input channels ({f_in}, axis {rhs.index('I')} of {layout} filter)"
         )
+    if c_in is None and f_in is not None and isinstance(x, TensorValue):
+        # a symbolic channel count: the filter fixes it, checked when the graph runs (as conv2d)
+        shape = list(x.shape)
+        shape[lhs.index("C")] = f_in
+        x = x.rebind(shape, message="conv2d_transpose: input channels must equal the filter's")
     for i, axis in enumerate("HW"):
         n, k = _static(x.shape[lhs.index(axis)]), _static(filter.shape[flip[i]])
         if n is not None and k is not None:
