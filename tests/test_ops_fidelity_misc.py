@@ -310,3 +310,21 @@ def test_conv2d_shard_puts_each_replica_on_its_device() -> None:
     shards = conv.shard([DeviceRef.GPU(0), DeviceRef.GPU(1)])
     assert [s.device for s in shards] == [DeviceRef.GPU(0), DeviceRef.GPU(1)]
     assert all(s.filter.sharding_strategy == conv.filter.sharding_strategy for s in shards)
+
+
+def test_gather_nd_with_empty_index_tuples() -> None:
+    # MAX: indices [..., 0] select the whole input for each index row: [*indices.shape[:-1], *input.shape]
+    from maxjax.engine import InferenceSession
+
+    x = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
+    with Graph("gnd0", input_types=[TensorType(DType.float32, [2, 3], CPU), TensorType(DType.int64, [4, 0], CPU),
+                                    TensorType(DType.int64, [2, 5, 0], CPU)]) as g:
+        a, i0, i1 = (v.tensor for v in g.inputs)
+        y0 = ops.gather_nd(a, i0)
+        y1 = ops.gather_nd(a, i1, batch_dims=1)
+        assert y0.shape == [4, 2, 3] and y1.shape == [2, 5, 3]
+        g.output(y0, y1)
+    out0, out1 = (o.to_numpy() for o in InferenceSession().load(g).execute(x, np.zeros((4, 0), np.int64),
+                                                                            np.zeros((2, 5, 0), np.int64)))
+    np.testing.assert_array_equal(out0, np.broadcast_to(x, (4, 2, 3)))
+    np.testing.assert_array_equal(out1, np.broadcast_to(x[:, None, :], (2, 5, 3)))

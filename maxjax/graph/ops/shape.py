@@ -724,7 +724,9 @@ def _gather_nd(x: Any, idx: Any, *, batch_dims: int) -> Any:
     if batch_dims:
         f = lambda xx, ii: _gather_nd(xx, ii, batch_dims=batch_dims - 1)  # noqa: E731
         return jax.vmap(f)(x, idx)
-    return x[tuple(jnp.moveaxis(idx, -1, 0)[i] for i in builtins.range(k))]
+    if k == 0:  # empty index tuples: each selects the whole input
+        return jnp.broadcast_to(x, idx.shape[:-1] + x.shape)  # [*idx.shape[:-1], *x.shape]
+    return x[tuple(jnp.moveaxis(idx, -1, 0)[i] for i in builtins.range(k))]  # [*idx.shape[:-1], *x.shape[k:]]
 
 
 def gather_nd(input: Any, indices: Any, batch_dims: int = 0) -> Any:
