@@ -145,6 +145,13 @@ def test_properties():
     assert bool(Tensor([1.0])) and not bool(Tensor(0.0))
     assert t.materialize() is t and t.external_name is None
 
+    async def realized():
+        return (await t) is t and (await t.realize) is t
+
+    import asyncio
+
+    assert asyncio.run(realized())
+
 
 def test_array_inputs_held_without_copy():
     j = jnp.arange(6, dtype=jnp.float32).reshape(2, 3)
@@ -361,7 +368,8 @@ def test_distributed_and_lazy_arguments_refused():
 
     x = Tensor([1.0])
     for f in (lambda: Tensor.zeros([1], device=FakeMesh()), lambda: x.to(FakeMesh()), lambda: T.default_device(FakeMesh()),
-              lambda: x.mesh, lambda: x.placements, lambda: x.mapping, lambda: Tensor.from_shard_values([x, x])):  # fmt: skip
+              lambda: x.mesh, lambda: x.placements, lambda: x.mapping, lambda: x.layout, lambda: x.rebind_mapping(None),
+              lambda: Tensor.from_shard_values([x, x])):  # fmt: skip
         with pytest.raises(NotImplementedError, match="NamedSharding"):
             f()
     with pytest.raises(NotImplementedError, match="state"):

@@ -512,8 +512,28 @@ class Tensor(DLPackArray):
         """None: a plain tensor is not a weight."""
         return None
 
+    @property
+    def layout(self) -> Any:
+        """Not available (raises NotImplementedError): TensorLayout carries a DeviceMapping."""
+        _not_distributed("layout", self)
+
+    def rebind_mapping(self, mapping: Any) -> Tensor:
+        """Not available (raises NotImplementedError): DeviceMapping is not built."""
+        _not_distributed("mapping", mapping)
+        raise AssertionError  # unreachable
+
     def materialize(self) -> Tensor:
         """``self`` (a single-device tensor is already local)."""
+        return self
+
+    def __await__(self) -> Generator[Any, None, Tensor]:
+        """``await tensor`` is ``tensor``: it is realized already (JAX is eager)."""
+        return self
+        yield  # a generator, as MAX's
+
+    @property
+    async def realize(self) -> Tensor:
+        """``await tensor.realize`` is ``tensor`` (always realized)."""
         return self
 
     # -- host access -----------------------------------------------------------------------------
