@@ -559,7 +559,8 @@ class Tensor(DLPackArray):
             TypeError: the tensor does not have exactly one element (MAX's type).
         """
         if self.num_elements() != 1:
-            raise TypeError(f"item(): the tensor has {self.num_elements()} elements (shape {list(self._array.shape)}), not 1")
+            n, shape = self.num_elements(), list(self._array.shape)
+            raise TypeError(f"item(): the tensor has {n} elements (shape {shape}), not 1")
         return self.to_numpy().item()
 
     def __bool__(self) -> bool:

@@ -1,8 +1,10 @@
 """MAX 26.7's eager ``max.experimental.tensor.Tensor`` on the CPU: default dtypes, each method and
 operator on small seeded inputs (values and MAX's dtypes), the printed form, and error types.
 
-Each eager MAX op compiles a kernel the first time (about two minutes here), so the inputs are two
-[2, 3] tensors (float32 ``x``, int32 ``i``) and few ops.
+Each eager MAX op compiles its kernels the first time (two to nine minutes each on this shared
+machine), so the inputs are two [2, 3] tensors (float32 ``x``, int32 ``i``) and the ops whose
+dtype or result MAX decides (integer division and mean, argmax, comparisons, ``arange`` and
+``range_like`` defaults, indexing, ``__setitem__``); the other methods are checked against NumPy.
 
 Keys: ``in.*`` (inputs), ``out.<case>`` (values), ``dtype.<case>`` (MAX's dtype name),
 ``shape.<case>``, ``default.<case>`` (dtype of a constructor's result), ``repr.<case>`` (text),
@@ -80,17 +82,8 @@ def build() -> dict[str, np.ndarray]:
         "getitem2": lambda: x[:, 1:3],
         "mean_int": lambda: i.mean(),
         "floordiv": lambda: i // 2,
-        "mod": lambda: i % 3,
-        "neg": lambda: -x,
-        "abs": lambda: abs(i),
-        "matmul": lambda: x @ x.T,
-        "pow": lambda: x**2,
-        "clip": lambda: x.clip(min=-0.5, max=0.5),
         "sum": lambda: x.sum(),
         "sum_none": lambda: x.sum(axis=None),
-        "max_none": lambda: x.max(axis=None),
-        "prod0": lambda: x.prod(0),
-        "add_py": lambda: i + 2,
     }
     for k, f in ops.items():
         print(f"experimental_tensor: {k}", file=sys.stderr, flush=True)  # each new kernel takes minutes
@@ -102,10 +95,6 @@ def build() -> dict[str, np.ndarray]:
         out[f"out.{k}"] = r.to_numpy()
         out[f"dtype.{k}"] = np.asarray(r.dtype.name)
         out[f"shape.{k}"] = np.asarray([int(d) for d in r.shape], dtype=np.int64)
-    for n, piece in enumerate(x.split([1, 2], axis=1)):
-        out[f"out.split.{n}"] = piece.to_numpy()
-    for n, piece in enumerate(x.split(2, axis=1)):
-        out[f"out.split_int.{n}"] = piece.to_numpy()
 
     out["repr.x"] = np.asarray(repr(x))
     out["repr.i"] = np.asarray(repr(i))
