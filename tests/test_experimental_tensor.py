@@ -173,6 +173,15 @@ def test_int64_is_declared_and_range_checked():
     assert t.to_jax().dtype == jnp.int32  # JAX without x64 holds 32 bits (README "64-bit dtypes")
     assert (t + 1).dtype is DType.int64 and (t + t).to_numpy().tolist() == [2, -4, 6]
     assert (t + Tensor(np.array([1, 1, 1], dtype=np.int32))).dtype is DType.int64
+    # MAX's promotion on the declared dtypes, not the held 32-bit ones
+    u = Tensor(np.array([7, 8, 9], dtype=np.uint32))
+    s = t + u  # int64 + uint32 is int64 (uint32 + int32 would be refused)
+    assert s.dtype is DType.int64 and s.to_numpy().tolist() == [8, 6, 12]
+    f = Tensor(np.array([0.5, 1.5, 2.5])) * Tensor(np.array([2, 2, 2], dtype=np.int32))  # float64 * int32
+    assert f.dtype is DType.float64 and f.to_numpy().tolist() == [1.0, 3.0, 5.0]
+    assert (t / t).dtype is DType.float64 and (t == t).dtype is DType.bool
+    with pytest.raises(ValueError, match="Unsafe cast"):
+        t + Tensor([1.0])  # int64 + float32: MAX refuses
     with pytest.raises(ValueError, match="int64"):
         Tensor(np.array([2**40]))
     with pytest.raises(ValueError, match="int64"):

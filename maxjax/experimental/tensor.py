@@ -845,11 +845,22 @@ def _operand(x: Any) -> tuple[Any, DType | None]:
     return x, None
 
 
+def _narrowed(dtype: DType) -> bool:
+    """True for a dtype JAX holds in fewer bits (64-bit kinds without x64)."""
+    return np.dtype(dtype.to_jax()) != np.dtype(dtype.to_numpy())
+
+
 def _binary(op: Any, name: str, lhs: Any, rhs: Any, kind: str = "arith") -> Tensor:
     """``op`` (a maxjax binary op: MAX's promotion and checks) on the operands' arrays; the result
     has MAX's declared dtype: bool for comparisons and logical ops, float64 for integer ``/``
     integer, else the common dtype of the tensor operands (``int64`` stays ``int64``)."""
     (a, da), (b, db) = _operand(lhs), _operand(rhs)
+    if da is not None and db is not None and da != db and (_narrowed(da) or _narrowed(db)):
+        # a 64-bit operand held in 32 bits: MAX's rule on the declared dtypes (int32 + float64 is
+        # float64; int64 + float32 raises), then both held as the result's dtype for the op
+        both_int = da.is_integral() and db.is_integral()
+        target = DType.float64 if kind == "div" and both_int else common_dtype(name, da, db)
+        a, b = ops.cast(a, target), ops.cast(b, target)
     out = op(a, b)
     strong = [d for d in (da, db) if d is not None]
     if kind == "compare":
