@@ -400,6 +400,11 @@ def test_interop_with_graphs_sessions_and_jit():
     np.testing.assert_allclose(InferenceSession().load(g).execute()[0].to_numpy(), a * 2)
     with Graph("takes_tensor", input_types=[TensorType(DType.float32, [2, 3], DeviceRef.CPU())]) as g2:
         g2.output(g2.inputs[0] + 1.0)
+    with Graph("eager_inside", input_types=()) as g3:  # a Tensor stays eager data while a graph is built
+        u = (t * 2.0).sum(axis=None)
+        assert isinstance(u.to_jax(), jax.Array) and Tensor.arange(3).to_numpy().tolist() == [0, 1, 2]
+        g3.output(ops.constant(u))
+    np.testing.assert_allclose(InferenceSession().load(g3).execute()[0].to_numpy(), [2 * a.sum()], rtol=1e-5)
     (out,) = InferenceSession().load(g2).execute(t)
     np.testing.assert_allclose(Tensor(out).to_numpy(), a + 1)
 

@@ -41,7 +41,9 @@ import numpy as np
 
 from maxjax.driver import CPU, Accelerator, Buffer, Device, DLPackArray, accelerator_count
 from maxjax.dtype import DType
+from maxjax.graph import graph as _graph_module
 from maxjax.graph import ops
+from maxjax.graph.graph import current_graph
 from maxjax.graph.ops._core import apply
 from maxjax.graph.ops.buffer import _store_slice
 from maxjax.graph.ops.elementwise import common_dtype
@@ -188,6 +190,18 @@ def _literal(value: Any, dtype: DType) -> np.ndarray:
     arr = raw.astype(dtype.to_numpy())
     _check_held(arr, dtype)
     return arr
+
+
+def _run(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """``op`` (a maxjax op) run eagerly on arrays, also while a ``Graph`` is being built (where
+    maxjax's ops would record graph nodes: a Tensor is eager data, as a NumPy array is)."""
+    if current_graph() is None:
+        return op(*args, **kwargs)
+    saved, _graph_module._STACK.stack = _graph_module._STACK.stack, []  # this thread's stack only
+    try:
+        return op(*args, **kwargs)
+    finally:
+        _graph_module._STACK.stack = saved
 
 
 def _put(arr: Any, device: Device) -> jax.Array:
@@ -351,7 +365,7 @@ class Tensor(DLPackArray):
         and NotImplementedError for a DeviceMesh/DeviceMapping ``device``."""
         dtype, dev = defaults(dtype, None if device is None else _as_device(device))
         fill = _put(_literal(value, dtype), dev)
-        return cls._wrap(ops.broadcast_to(fill, shape), dtype)  # [] -> shape
+        return cls._wrap(_run(ops.broadcast_to, fill, shape), dtype)  # [] -> shape
 
     @classmethod
     def full_like(cls, input: Tensor, value: Number) -> Tensor:
@@ -410,7 +424,7 @@ class Tensor(DLPackArray):
                     f"inferred length {int(n)} disagrees with the number of values ({int(n) + 1})"
                 )
         args = [v._array if isinstance(v, Tensor) else v for v in (start, stop, step)]
-        out = ops.range(*args, out_dim, dtype=dtype)
+        out = _run(ops.range, *args, out_dim, dtype=dtype)
         out = out.to_jax() if hasattr(out, "to_jax") else out
         return cls._wrap(_put(out, dev), dtype)
 
@@ -595,13 +609,13 @@ class Tensor(DLPackArray):
             raise TypeError(f"to() expects Device, DeviceMesh, or DeviceMapping, got {type(target).__name__}")
         if target == self.device:
             return self
-        return Tensor._wrap(ops.transfer_to(self._array, DeviceRef.from_device(target)), self._dtype)
+        return Tensor._wrap(_run(ops.transfer_to, self._array, DeviceRef.from_device(target)), self._dtype)
 
     def cast(self, dtype: DType) -> Tensor:
         """The values as ``dtype`` (``self`` when it has that dtype already). ``ops.cast``."""
         if self._dtype == dtype:
             return self
-        return Tensor._wrap(ops.cast(self._array, dtype), dtype)
+        return Tensor._wrap(_run(ops.cast, self._array, dtype), dtype)
 
     # -- shape ops -------------------------------------------------------------------------------
     def _same(self, array: Any) -> Tensor:
@@ -609,19 +623,19 @@ class Tensor(DLPackArray):
 
     def reshape(self, shape: ShapeLike) -> Tensor:
         """``ops.reshape`` (one ``-1`` allowed). Raises ValueError for a different element count."""
-        return self._same(ops.reshape(self._array, shape))
+        return self._same(_run(ops.reshape, self._array, shape))
 
     def broadcast_to(self, shape: ShapeLike) -> Tensor:
         """``ops.broadcast_to`` (NumPy's rule)."""
-        return self._same(ops.broadcast_to(self._array, shape))
+        return self._same(_run(ops.broadcast_to, self._array, shape))
 
     def permute(self, dims: list[int]) -> Tensor:
         """``ops.permute``."""
-        return self._same(ops.permute(self._array, dims))
+        return self._same(_run(ops.permute, self._array, dims))
 
     def transpose(self, dim1: int, dim2: int) -> Tensor:
         """``ops.transpose`` of two axes."""
-        return self._same(ops.transpose(self._array, dim1, dim2))
+        return self._same(_run(ops.transpose, self._array, dim1, dim2))
 
     @property
     def T(self) -> Tensor:  # noqa: N802 - MAX's name
@@ -630,11 +644,11 @@ class Tensor(DLPackArray):
 
     def squeeze(self, axis: int) -> Tensor:
         """``ops.squeeze`` of a size-1 ``axis``."""
-        return self._same(ops.squeeze(self._array, axis))
+        return self._same(_run(ops.squeeze, self._array, axis))
 
     def unsqueeze(self, axis: int) -> Tensor:
         """``ops.unsqueeze``: a size-1 axis inserted at ``axis``."""
-        return self._same(ops.unsqueeze(self._array, axis))
+        return self._same(_run(ops.unsqueeze, self._array, axis))
 
     def split(self, split_size_or_sections: int | list[int], axis: int = 0) -> list[Tensor]:
         """Pieces along ``axis``: of size ``split_size_or_sections`` (an int; the last may be
@@ -646,11 +660,11 @@ class Tensor(DLPackArray):
             if sizes <= 0:
                 raise ValueError(f"split: split size must be positive, got {sizes}")
             sizes = [int(sizes)] * (n // sizes) + ([n % sizes] if n % sizes else [])
-        return [self._same(p) for p in ops.split(self._array, sizes, axis)]
+        return [self._same(p) for p in _run(ops.split, self._array, sizes, axis)]
 
     def __getitem__(self, idx: Any) -> Tensor:
         """``ops.slice_tensor`` (ints, slices, ``None``, ``...``, integer index Tensors)."""
-        return self._same(ops.slice_tensor(self._array, _index(idx)))
+        return self._same(_run(ops.slice_tensor, self._array, _index(idx)))
 
     def __setitem__(self, idx: Any, val: Any) -> None:
         """Writes ``val`` (a Tensor) into ``self[idx]``: a functional update of the held array (JAX
@@ -663,12 +677,12 @@ class Tensor(DLPackArray):
         if not isinstance(val, Tensor):
             raise TypeError("__setitem__ requires a Tensor value; use Buffer indexing for scalar writes.")
         index = _index(idx if isinstance(idx, tuple) else (idx,))
-        self._array = apply(_store_slice, self._array, val._array, _name="buffer_store_slice", index=index)
+        self._array = _run(apply, _store_slice, self._array, val._array, _name="buffer_store_slice", index=index)
 
     # -- reductions ------------------------------------------------------------------------------
     def _reduce(self, op: Any, axis: int | None, dtype: DType | None = None) -> Tensor:
-        x = self._array if axis is not None else ops.reshape(self._array, [-1])  # [n]
-        return Tensor._wrap(op(x, axis=-1 if axis is None else axis), dtype or self._dtype)
+        x = self._array if axis is not None else _run(ops.reshape, self._array, [-1])  # [n]
+        return Tensor._wrap(_run(op, x, axis=-1 if axis is None else axis), dtype or self._dtype)
 
     def sum(self, axis: int | None = -1) -> Tensor:
         """Sum over ``axis``, kept with size 1 (``None``: over all, shape ``[1]``). MAX's dtype."""
@@ -707,13 +721,13 @@ class Tensor(DLPackArray):
 
     # -- operators -------------------------------------------------------------------------------
     def __abs__(self) -> Tensor:
-        return self._same(ops.abs(self._array))
+        return self._same(_run(ops.abs, self._array))
 
     def __neg__(self) -> Tensor:
-        return self._same(ops.negate(self._array))
+        return self._same(_run(ops.negate, self._array))
 
     def __invert__(self) -> Tensor:
-        return Tensor._wrap(ops.logical_not(self._array), DType.bool)
+        return Tensor._wrap(_run(ops.logical_not, self._array), DType.bool)
 
     def __eq__(self, rhs: object) -> Tensor:  # type: ignore[override]
         return _binary(ops.equal, "equal", self, rhs, "compare")
@@ -860,8 +874,8 @@ def _binary(op: Any, name: str, lhs: Any, rhs: Any, kind: str = "arith") -> Tens
         # float64; int64 + float32 raises), then both held as the result's dtype for the op
         both_int = da.is_integral() and db.is_integral()
         target = DType.float64 if kind == "div" and both_int else common_dtype(name, da, db)
-        a, b = ops.cast(a, target), ops.cast(b, target)
-    out = op(a, b)
+        a, b = _run(ops.cast, a, target), _run(ops.cast, b, target)
+    out = _run(op, a, b)
     strong = [d for d in (da, db) if d is not None]
     if kind == "compare":
         dtype = DType.bool
