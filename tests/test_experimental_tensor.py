@@ -67,6 +67,14 @@ MAX_MODULE_SIGNATURES = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _on_cpu():
+    """MAX's reference was taken on the CPU (where the default dtype is float32; an accelerator's
+    is bfloat16): pin the default device so the tests mean the same on a machine with a GPU."""
+    with T.default_device(CPU()):
+        yield
+
+
 def _params(fn):
     return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
 
@@ -113,6 +121,7 @@ def test_default_dtype_context_matches_max():
     assert Tensor([1]).dtype is DType.float32
     assert T.defaults() == (DType.float32, CPU())
     assert T.defaults(DType.int8) == (DType.int8, CPU())
+    assert T.defaults(device=CPU(1))[1] == CPU(1)
     with T.default_device(DeviceRef.CPU()) as dev:
         assert dev == CPU() and Tensor([1.0]).device == CPU()
     x = Tensor.zeros([1], dtype=DType.int16)
@@ -120,7 +129,7 @@ def test_default_dtype_context_matches_max():
         assert Tensor.ones([2]).dtype is DType.int16
     seen = []  # a ContextVar: another thread does not see this thread's default
     with T.default_dtype(DType.int8):
-        th = threading.Thread(target=lambda: seen.append(Tensor([1]).dtype))
+        th = threading.Thread(target=lambda: seen.append(Tensor([1], device=CPU()).dtype))
         th.start()
         th.join()
     assert seen == [DType.float32]
