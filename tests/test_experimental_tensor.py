@@ -211,6 +211,11 @@ def test_constructors_against_numpy():
     assert Tensor.arange(5).dtype.name == str(REF["dtype.arange"])
     np.testing.assert_array_equal(Tensor.arange(1, 2, 0.25).to_numpy(), REF["out.arange_float"])
     np.testing.assert_array_equal(Tensor.arange(5, 0, -1, dtype=DType.int32).to_numpy(), np.arange(5, 0, -1))
+    # MAX 26.7: a float interval that step does not divide gives the floor length; an integer one fails
+    np.testing.assert_allclose(Tensor.arange(0, 0.3, 0.1).to_numpy(), REF["out.arange_floor"])
+    assert str(REF["err.arange_int_nondivisible"]).startswith("RemoteCompileError")  # a RuntimeError
+    with pytest.raises(RuntimeError, match="multiple of step"):
+        Tensor.arange(0, 10, 3)
     i = Tensor(REF["in.i"])
     rl = Tensor.range_like(i)
     assert rl.dtype.name == str(REF["dtype.range_like"])
@@ -242,9 +247,15 @@ def test_methods_and_operators_match_max():
         "setitem": setitem, "intdiv": lambda: i / i, "eq": lambda: x == x, "argmax": lambda: x.argmax(),
         "lt": lambda: x < 0.5, "getitem": lambda: x[1], "getitem2": lambda: x[:, 1:3], "mean_int": lambda: i.mean(),
         "floordiv": lambda: i // 2, "sum": lambda: x.sum(), "sum_none": lambda: x.sum(axis=None),
+        "arange_floor": lambda: Tensor.arange(0, 0.3, 0.1),
     }  # fmt: skip
     for case, f in cases.items():
         _ref_out(case, f())
+    for name, sections in (("split", [1, 2]), ("split_int", 2)):
+        pieces = x.split(sections, axis=1)
+        assert len(pieces) == len([k for k in REF if k.startswith(f"out.{name}.")]) == 2
+        for n, piece in enumerate(pieces):
+            np.testing.assert_array_equal(piece.to_numpy(), REF[f"out.{name}.{n}"])
     assert (x.cast(DType.float32) is x) == bool(REF["cast_same_is_self"])
     assert (x.to(CPU()) is x) == bool(REF["to_same_is_self"])
 

@@ -409,20 +409,20 @@ class Tensor(DLPackArray):
 
         Raises:
             ValueError: tensor bounds that are not scalars, or without ``out_dim``.
-            RuntimeError: static bounds whose interval ``step`` does not divide (MAX's compiled
-                range fails on them).
+            RuntimeError: integer bounds whose interval ``step`` does not divide (MAX's compiled
+                range fails on them; float bounds give the floor length, as MAX).
         """
         if stop is None:
             start, stop = 0, start
         dtype, dev = defaults(dtype, None if device is None else _as_device(device))
-        numbers = all(isinstance(v, (int, float, np.number)) for v in (start, stop, step))
-        if numbers and out_dim is None and step != 0:
-            n = (stop - start) / step
-            if n > 0 and n != int(n):
-                raise RuntimeError(
-                    f"arange({start}, {stop}, {step}): the interval is not a multiple of step, so the "
-                    f"inferred length {int(n)} disagrees with the number of values ({int(n) + 1})"
-                )
+        ints = all(isinstance(v, (int, np.integer)) for v in (start, stop, step))
+        if ints and out_dim is None and step != 0 and (stop - start) * step > 0 and (stop - start) % step:
+            # MAX 26.7 fails to compile this range (a RemoteCompileError, a RuntimeError); float
+            # bounds are not refused: MAX gives the floor length ((0, 0.3, 0.1) is [0, 0.1])
+            raise RuntimeError(
+                f"arange({start}, {stop}, {step}): the interval is not a multiple of step, so the inferred "
+                f"length {(stop - start) // step} disagrees with the number of values"
+            )
         args = [v._array if isinstance(v, Tensor) else v for v in (start, stop, step)]
         out = _run(ops.range, *args, out_dim, dtype=dtype)
         out = out.to_jax() if hasattr(out, "to_jax") else out

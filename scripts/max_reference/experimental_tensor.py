@@ -84,6 +84,7 @@ def build() -> dict[str, np.ndarray]:
         "floordiv": lambda: i // 2,
         "sum": lambda: x.sum(),
         "sum_none": lambda: x.sum(axis=None),
+        "arange_floor": lambda: Tensor.arange(0, 0.3, 0.1),  # MAX warns, then gives the floor length
     }
     for k, f in ops.items():
         print(f"experimental_tensor: {k}", file=sys.stderr, flush=True)  # each new kernel takes minutes
@@ -95,6 +96,16 @@ def build() -> dict[str, np.ndarray]:
         out[f"out.{k}"] = r.to_numpy()
         out[f"dtype.{k}"] = np.asarray(r.dtype.name)
         out[f"shape.{k}"] = np.asarray([int(d) for d in r.shape], dtype=np.int64)
+
+    for name, sections in (("split", [1, 2]), ("split_int", 2)):
+        print(f"experimental_tensor: {name}", file=sys.stderr, flush=True)
+        try:
+            pieces = x.split(sections, axis=1)
+        except Exception as e:  # noqa: BLE001
+            out[f"err.op.{name}"] = np.asarray(f"{type(e).__name__}: {e}")
+            continue
+        for n, piece in enumerate(pieces):
+            out[f"out.{name}.{n}"] = piece.to_numpy()
 
     out["repr.x"] = np.asarray(repr(x))
     out["repr.i"] = np.asarray(repr(i))
@@ -119,6 +130,7 @@ def build() -> dict[str, np.ndarray]:
         "add_int_float": lambda: x + i,
         "add_pyfloat_int": lambda: i + 1.5,
         "setitem_scalar": lambda: x.__setitem__(0, 1.0),
+        "arange_int_nondivisible": lambda: Tensor.arange(0, 10, 3).to_numpy(),
     }
     for k, f in errs.items():
         out[f"err.{k}"] = np.asarray(_err(f))
