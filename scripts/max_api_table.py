@@ -84,7 +84,7 @@ REASONS: dict[str, str] = {
     # max.engine
     **_each("MefStore", _ENGINE, "engine"),
     # max.graph
-    **_each("GraphBlock GraphDebugConfig ProfileScopeColor DevicePlacementPolicy", _MLIR, "graph"),
+    **_each("GraphBlock GraphDebugConfig ProfileScopeColor", _MLIR, "graph"),
     "graph.AlgebraicDim": "maxjax's AlgebraicDim holds a symbolic expression (expr=) where MAX's holds an MLIR attribute (attr=)",
     # max.graph.ops
     **_each("allgather_rms_norm_quant_mxfp6 allgather_rms_norm_quant_mxfp8", "allgather + RMSNorm + MXFP6/MXFP8 quantization in one GPU kernel; maxjax has no MX block-scaled float formats", "graph.ops"),

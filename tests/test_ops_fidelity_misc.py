@@ -328,3 +328,17 @@ def test_gather_nd_with_empty_index_tuples() -> None:
                                                                             np.zeros((2, 5, 0), np.int64)))
     np.testing.assert_array_equal(out0, np.broadcast_to(x, (4, 2, 3)))
     np.testing.assert_array_equal(out1, np.broadcast_to(x[:, None, :], (2, 5, 3)))
+
+
+def test_device_placement_policy() -> None:
+    # MAX 26.7: an enum Ignore/Warn/Error ('ignore'/'warn'/'error'), Graph's strict_device_placement, default Warn
+    from maxjax.graph import DevicePlacementPolicy
+
+    assert [(p.name, p.value) for p in DevicePlacementPolicy] == [("Ignore", "ignore"), ("Warn", "warn"), ("Error", "error")]
+    assert Graph("g0").strict_device_placement is DevicePlacementPolicy.Warn
+    for policy in DevicePlacementPolicy:  # no maxjax op moves a tensor: every policy builds and runs the same graph
+        with Graph("g", input_types=[TensorType(DType.float32, [2], CPU)], strict_device_placement=policy) as g:
+            g.output(ops.constant(np.array([1.0, 2.0], np.float32)) + g.inputs[0].tensor)
+        assert g.strict_device_placement is policy
+    with pytest.raises(TypeError, match="DevicePlacementPolicy"):
+        Graph("bad", strict_device_placement="error")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import difflib
+import enum
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -199,6 +200,21 @@ def register_kernel(name: str, fn: Callable[..., Any] | None = None) -> Any:
     return _add_kernel(_GLOBAL_KERNELS, "register_kernel", name, fn)
 
 
+class DevicePlacementPolicy(enum.Enum):
+    """What a graph does when an op would move a tensor to the CPU implicitly (MAX 26.7's
+    ``max.graph.DevicePlacementPolicy``; ``Graph(..., strict_device_placement=...)``).
+
+    In MAX some ops have only CPU kernels, and ``Ignore`` moves their operands silently, ``Warn``
+    (the default) warns, ``Error`` raises ``ValueError`` at build time. Every maxjax op runs on the
+    device its operands are on (XLA compiles each op for every backend), so no op moves a tensor
+    and every policy is met.
+    """
+
+    Ignore = "ignore"
+    Warn = "warn"
+    Error = "error"
+
+
 class KernelLibrary:
     """The custom kernels a graph's ``ops.custom`` / ``ops.inplace_custom`` can call
     (``max.graph.KernelLibrary``).
@@ -322,8 +338,9 @@ class Graph:
         forward: if given, called at once as ``forward(*graph.inputs, *args, **kwargs)``; its
             return value is the output.
         input_types: one :class:`TensorType` per input (symbolic dims allowed).
-        strict_device_placement: MAX's policy for ops that silently move a tensor to the CPU;
-            maxjax has no such ops, so every policy is met.
+        strict_device_placement: a :class:`DevicePlacementPolicy`, MAX's policy for ops that move a
+            tensor to the CPU implicitly; maxjax has no such ops, so every policy is met (a value
+            of another type raises ``TypeError``).
         is_device_graph: MAX marks graphs that run on a device only; accepted and recorded.
 
     ``Graph.current`` is the innermost graph being built (``LookupError`` when there is none).
@@ -347,7 +364,7 @@ class Graph:
         custom_extensions: Iterable[Any] = (),
         kernel_library: Any = None,
         module: Any = None,
-        strict_device_placement: Any = None,
+        strict_device_placement: DevicePlacementPolicy = DevicePlacementPolicy.Warn,
         is_device_graph: bool = False,
         _parent: "Graph | None" = None,
         _weight_prefix: str | None = None,
@@ -366,6 +383,12 @@ class Graph:
             )
         if module:
             raise NotImplementedError("Graph(module=...): MLIR modules cannot run on JAX")
+        if not isinstance(strict_device_placement, DevicePlacementPolicy):
+            raise TypeError(
+                f"Graph(strict_device_placement=...) takes a DevicePlacementPolicy "
+                f"({', '.join(p.name for p in DevicePlacementPolicy)}), got {strict_device_placement!r}"
+            )
+        self.strict_device_placement = strict_device_placement
         #: the kernels ``ops.custom`` / ``ops.inplace_custom`` call (see :class:`KernelLibrary`)
         if kernel_library is None:
             kernel_library = _parent._kernel_library if _parent is not None else KernelLibrary()
