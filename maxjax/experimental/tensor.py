@@ -41,9 +41,8 @@ import numpy as np
 
 from maxjax.driver import CPU, Accelerator, Buffer, Device, DLPackArray, accelerator_count
 from maxjax.dtype import DType
-from maxjax.graph import graph as _graph_module
 from maxjax.graph import ops
-from maxjax.graph.graph import current_graph
+from maxjax.graph.graph import current_graph, no_active_graph
 from maxjax.graph.ops._core import apply
 from maxjax.graph.ops.buffer import _store_slice
 from maxjax.graph.ops.elementwise import common_dtype
@@ -197,11 +196,8 @@ def _run(op: Any, *args: Any, **kwargs: Any) -> Any:
     maxjax's ops would record graph nodes: a Tensor is eager data, as a NumPy array is)."""
     if current_graph() is None:
         return op(*args, **kwargs)
-    saved, _graph_module._STACK.stack = _graph_module._STACK.stack, []  # this thread's stack only
-    try:
+    with no_active_graph():  # this thread's graphs only
         return op(*args, **kwargs)
-    finally:
-        _graph_module._STACK.stack = saved
 
 
 def _put(arr: Any, device: Device) -> jax.Array:

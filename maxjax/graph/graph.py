@@ -139,6 +139,18 @@ def current_graph() -> "Graph | None":
     return _STACK.stack[-1] if _STACK.stack else None
 
 
+@contextlib.contextmanager
+def no_active_graph() -> Iterator[None]:
+    """Within it, this thread has no active graph: ops run eagerly on arrays even inside a
+    ``with Graph(...)`` block (how eager data such as an experimental ``Tensor`` computes while a
+    graph is being built). Other threads' graphs are untouched; the stack comes back on exit."""
+    saved, _STACK.stack = _STACK.stack, []
+    try:
+        yield
+    finally:
+        _STACK.stack = saved
+
+
 def as_tensor_type(t: Any) -> TensorType:
     """A :class:`TensorType` from itself, a TensorValue (its type) or anything with ``shape`` and
     ``dtype`` (a ``jax.ShapeDtypeStruct``, an array).
