@@ -676,7 +676,7 @@ def run_worker(engine: str, python: str, req: dict, cores: list[int] | None, tim
             for line in proc.stdout:  # the worker's progress, shown as it comes
                 line = line.rstrip("\n")
                 tail.append(line)
-                if line.startswith(f"[{engine}]"):
+                if line.startswith((f"[{engine}]", "[maxjax]")):  # every maxjax engine's worker says [maxjax]
                     log("  " + line)
             proc.wait()
         finally:
