@@ -342,3 +342,30 @@ def test_device_placement_policy() -> None:
         assert g.strict_device_placement is policy
     with pytest.raises(TypeError, match="DevicePlacementPolicy"):
         Graph("bad", strict_device_placement="error")
+
+
+def test_constant_build_time_rules() -> None:
+    # MAX 26.7 in a graph: a Python literal needs both dtype and device (TypeError), an array's dtype
+    # must equal dtype= (ValueError: no silent conversion, here a lossy int64 -> int8), sub-byte dtypes refused
+    arr = np.arange(6, dtype=np.int64).reshape(2, 3) * 100
+    with Graph("consts", input_types=()) as g:
+        with pytest.raises(TypeError, match="Literal constants must explicitly set a dtype and device"):
+            ops.constant([[0, 1, 2], [3, 4, 5]], dtype=DType.int8)
+        with pytest.raises(TypeError, match="Literal constants must explicitly set a dtype and device"):
+            ops.constant(1.5, device=CPU)
+        with pytest.raises(ValueError, match="DType must match input dtype"):
+            ops.constant(arr, dtype=DType.int8)
+        with pytest.raises(ValueError):  # not rectangular
+            ops.constant([[0, 1, 2], [3, 4]], DType.int8, CPU)
+        with pytest.raises(TypeError, match="sub-byte"):
+            ops.constant(np.zeros(2, np.uint8), DType.float4_e2m1fn, CPU)
+        a = ops.constant(arr)  # an array keeps its dtype (int64 declared, as MAX)
+        b = ops.constant(arr, dtype=DType.int64)
+        c = ops.constant([[1, 2, 3], [4, 5, 6]], DType.int32, CPU)
+        assert a.dtype == b.dtype == DType.int64 and c.dtype == DType.int32
+        g.output(c)
+    from maxjax.engine import InferenceSession
+
+    np.testing.assert_array_equal(InferenceSession().load(g).execute()[0].to_numpy(), [[1, 2, 3], [4, 5, 6]])
+    # outside a graph (maxjax's eager mode) a literal takes NumPy's dtype, floats as float32
+    assert ops.constant(1.5).dtype == DType.float32

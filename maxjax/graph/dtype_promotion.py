@@ -50,7 +50,7 @@ def _promote_to_strong(value: Any, strong_dtype: DType, device: DeviceRef) -> Te
         TypeError: ``value`` is not tensor-like.
     """
     from maxjax.driver import Buffer
-    from maxjax.graph.ops.shape import constant
+    from maxjax.graph.ops.shape import literal_constant as constant
 
     if isinstance(value, StaticDim):
         value = int(value)

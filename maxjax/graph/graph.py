@@ -570,7 +570,7 @@ class Graph:
                         f"output {i} of graph {self.name!r} belongs to graph {o._graph.name!r}"
                     )
                 else:
-                    vals.append(ops.constant(o) if not isinstance(o, TensorValue) else ops.identity(o))
+                    vals.append(ops.shape.literal_constant(o) if not isinstance(o, TensorValue) else ops.identity(o))
             # the buffers' final versions, after the declared outputs (see maxjax.graph.buffer)
             for b in self._buffers:
                 cur = b._current

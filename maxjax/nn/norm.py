@@ -9,6 +9,7 @@ import numpy as np
 
 from maxjax.dtype import DType
 from maxjax.graph import ops
+from maxjax.graph.ops.shape import literal_constant
 from maxjax.graph.sharding import ShardingStrategy
 from maxjax.graph.type import DeviceRef
 from maxjax.graph.weight import Weight
@@ -122,7 +123,7 @@ class LayerNorm(Module):
         return shards
 
     def __call__(self, x: Any) -> Any:
-        beta = self.bias if self.bias is not None else ops.constant(0.0, self.weight.dtype) * self.weight
+        beta = self.bias if self.bias is not None else literal_constant(0.0, self.weight.dtype) * self.weight
         return ops.layer_norm(x, self.weight, beta, self.eps)
 
 
@@ -137,8 +138,8 @@ class ConstantLayerNorm(Module):
         self.eps, self.device, self.dtype = eps, device, dtype
 
     def __call__(self, input: Any) -> Any:  # noqa: A002 - MAX's name
-        gamma = ops.constant(self.gamma, DType.float32)
-        beta = ops.constant(self.beta, DType.float32)
+        gamma = literal_constant(self.gamma, DType.float32)
+        beta = literal_constant(self.beta, DType.float32)
         return ops.cast(ops.layer_norm(ops.cast(input, DType.float32), gamma, beta, self.eps), input.dtype)
 
 
@@ -172,6 +173,6 @@ class GroupNorm(Module):
         if self.affine:
             gamma, beta = ops.cast(self.weight, x.dtype), ops.cast(self.bias, x.dtype)
         else:
-            gamma = ops.constant(np.ones(self.num_channels, np.float32), x.dtype)
-            beta = ops.constant(np.zeros(self.num_channels, np.float32), x.dtype)
+            gamma = literal_constant(np.ones(self.num_channels, np.float32), x.dtype)
+            beta = literal_constant(np.zeros(self.num_channels, np.float32), x.dtype)
         return ops.group_norm(x, gamma, beta, self.num_groups, self.eps)

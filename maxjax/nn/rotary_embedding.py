@@ -25,6 +25,7 @@ import numpy as np
 
 from maxjax.dtype import DType
 from maxjax.graph import ops
+from maxjax.graph.ops.shape import literal_constant
 from maxjax.nn.layer import Module
 
 __all__ = [
@@ -97,7 +98,7 @@ class RotaryEmbedding(Module):
         ``numpy`` for the table or the graph ``ops`` for :meth:`rotate`: the same products)."""
         if xp is np:
             return t[..., None] * self.inv_freqs()
-        return ops.unsqueeze(t, -1) * ops.constant(self.inv_freqs(), DType.float32)
+        return ops.unsqueeze(t, -1) * literal_constant(self.inv_freqs(), DType.float32)
 
     def _freqs_table(self) -> np.ndarray:
         """float32 ``[positions, head_dim // 2, 2]``: (cos, sin) of the angles at ``0, 1, ...``."""
@@ -114,13 +115,13 @@ class RotaryEmbedding(Module):
 
     def freqs_cis_base(self) -> Any:
         """MAX's table ``[max_seq_len * 2, head_dim // 2, 2]`` (float32 constant)."""
-        return ops.constant(self._freqs_table(), DType.float32)
+        return literal_constant(self._freqs_table(), DType.float32)
 
     @property
     def freqs_cis(self) -> Any:
         """MAX's flattened table ``[max_seq_len * 2, head_dim]`` (``cos_i, sin_i`` pairs)."""
         table = self._freqs_table()
-        return ops.constant(table.reshape(table.shape[0], -1), DType.float32)
+        return literal_constant(table.reshape(table.shape[0], -1), DType.float32)
 
     def compute_scale(self, user_scale: float | None = None) -> float:
         """The attention scale: ``user_scale``, or ``1 / sqrt(head_dim)``."""
@@ -132,7 +133,7 @@ class RotaryEmbedding(Module):
         angles = self._angles(ops.cast(positions, DType.float32), ops)  # [*positions, head_dim // 2]
         cos, sin = ops.cos(angles), ops.sin(angles)
         if self.attention_factor() != 1.0:
-            f = ops.constant(self.attention_factor(), DType.float32)
+            f = literal_constant(self.attention_factor(), DType.float32)
             cos, sin = cos * f, sin * f
         return self._apply(x, ops.unsqueeze(cos, -2), ops.unsqueeze(sin, -2))  # broadcast over heads
 
@@ -319,8 +320,8 @@ class LongRoPERotaryEmbedding(RotaryEmbedding):
         if xp is np:
             return np.where(t[..., None] < p.original_max_position, t[..., None] * short, t[..., None] * long)
         tt = ops.unsqueeze(t, -1)
-        is_short = tt < ops.constant(float(p.original_max_position), DType.float32)
-        return ops.where(is_short, tt * ops.constant(short, DType.float32), tt * ops.constant(long, DType.float32))
+        is_short = tt < literal_constant(float(p.original_max_position), DType.float32)
+        return ops.where(is_short, tt * literal_constant(short, DType.float32), tt * literal_constant(long, DType.float32))
 
     def compute_scale(self, user_scale: float | None = None) -> float:
         if user_scale is not None:

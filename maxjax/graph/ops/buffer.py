@@ -112,14 +112,15 @@ def buffer_create(type: Any, init_value: float | bool | None = None) -> BufferVa
         NotImplementedError: (later) ``buffer_store`` into a buffer made with ``init_value``.
     """
     from maxjax.graph import ops
+    from maxjax.graph.ops.shape import literal_constant
 
     if init_value is None:
-        fill = ops.constant(0, type.dtype)
+        fill = literal_constant(0, type.dtype)
     else:
         if not isinstance(init_value, (bool, int, float, np.generic)):
             raise TypeError(f"buffer_create: init_value must be a scalar (float, int or bool), got {init_value!r}")
         value = np.array([init_value], dtype=type.dtype.to_numpy())  # as MAX: OverflowError when out of range
-        fill = ops.constant(value[0], type.dtype)
+        fill = literal_constant(value[0], type.dtype)
     filled = ops.broadcast_to(fill, list(type.shape))  # [*type.shape]
     if init_value is None or filled._graph is None:  # eagerly the buffer lives as long as the object
         return BufferValue(filled)

@@ -270,9 +270,9 @@ def cond(
         return _cond_eager(pred, expected, then_fn, else_fn)
     if not isinstance(pred, TensorValue) or pred._graph is None:
         with graph:
-            from maxjax.graph.ops.shape import constant
+            from maxjax.graph.ops.shape import literal_constant
 
-            pred = constant(pred.to_jax() if isinstance(pred, TensorValue) else pred)
+            pred = literal_constant(pred.to_jax() if isinstance(pred, TensorValue) else pred)
     with graph:
         regions = []
         for where, fn in (("then branch", then_fn), ("else branch", else_fn)):

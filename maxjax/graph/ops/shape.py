@@ -87,10 +87,55 @@ def _constant(*, value: Any) -> Any:
 
 
 def constant(value: Any, dtype: DType | None = None, device: DeviceRef | None = None) -> Any:
-    """A constant tensor from a Python value or NumPy array (converted to ``dtype`` if given).
+    """A constant tensor from a Python scalar, a (nested) sequence or an array (MAX's ``ops.constant``).
+
+    ``value``: a Python scalar or rectangular nested sequence, or an array (NumPy, JAX, a
+    :class:`~maxjax.driver.Buffer`, any DLPack producer). ``dtype``/``device``: required for a
+    Python value while a graph is built (MAX 26.7's rule); for an array they default to its own,
+    and ``dtype`` must equal it. Outside a graph (maxjax's eager mode) a Python value without a
+    dtype takes NumPy's (float values as float32) and ``device`` is ignored.
 
     Raises:
-        ValueError: a Python int outside the range of ``dtype`` (MAX 26.7's "Unsafe cast").
+        TypeError: ``dtype`` is a sub-byte type; while a graph is built, a Python value without
+            ``dtype`` or ``device`` (MAX's "Literal constants must explicitly set a dtype and device").
+        ValueError: ``dtype`` differs from an array's dtype (MAX's "DType must match input dtype");
+            a Python int outside the range of ``dtype`` (MAX's "Unsafe cast"); a nested sequence that
+            is not rectangular.
+    """
+    if dtype is not None and dtype.size_in_bits < 8:
+        raise TypeError(f"Cannot create a constant of type '{dtype}' since it is a sub-byte type.")
+    from maxjax.graph.graph import current_graph
+
+    if current_graph() is not None:
+        if not hasattr(value, "__dlpack__"):
+            if dtype is None or device is None:
+                raise TypeError(
+                    f"constant: Literal constants must explicitly set a dtype and device (got dtype={dtype}, "
+                    f"device={device} for {type(value).__name__} {_short_repr(value)})"
+                )
+        elif dtype is not None:
+            have = value.dtype if isinstance(value.dtype, DType) else DType.from_numpy(np.dtype(value.dtype))
+            if have != dtype:
+                raise ValueError(
+                    f"constant: DType must match input dtype: dtype={dtype!r} != value.dtype={have!r} "
+                    f"(cast the array first, e.g. array.astype(...))"
+                )
+    return literal_constant(value, dtype, device)
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def literal_constant(value: Any, dtype: DType | None = None, device: DeviceRef | None = None) -> Any:
+    """maxjax's own constants (layers' scalars and tables): :func:`constant` without MAX's
+    build-time demands on its caller. ``value`` is converted to ``dtype`` when given (a Python int
+    out of its range raises ``ValueError``); ``device`` None is the graph's default device.
+
+    Raises:
+        ValueError: a Python int outside the range of ``dtype``; a nested sequence that is not
+            rectangular.
     """
     try:
         arr = np.asarray(value, dtype=None if dtype is None else dtype.to_numpy())

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 from maxjax.dtype import DType
 from maxjax.graph import DeviceRef, ops
+from maxjax.graph.ops.shape import literal_constant
 from maxjax.models.bert.config import BertConfig, SentenceHead
 from maxjax.nn import (
     Embedding, FeedForward, LayerList, LayerNorm, Module, MultiheadAttention, PostNormTransformerBlock,
@@ -70,7 +71,7 @@ class BertEmbeddings(Module):
     def __call__(self, input_ids: Any) -> Any:
         seq = input_ids.shape[1]
         positions = ops.unsqueeze(ops.range(0, seq, 1, dtype=DType.int32), 0)  # [1, seq]
-        types = ops.broadcast_to(ops.constant(0, DType.int32), [1, 1])  # [1, 1]: every token is segment A
+        types = ops.broadcast_to(literal_constant(0, DType.int32), [1, 1])  # [1, 1]: every token is segment A
         h = self.word_embeddings(input_ids) + self.position_embeddings(positions)  # [b, seq, hidden]
         return self.layer_norm(h + self.token_type_embeddings(types))
 

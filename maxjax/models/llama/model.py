@@ -13,6 +13,7 @@ from typing import Any
 
 from maxjax.dtype import DType
 from maxjax.graph import DeviceRef, ShardingStrategy, ops
+from maxjax.graph.ops.shape import literal_constant
 from maxjax.models.llama.config import LlamaConfig
 from maxjax.nn import MLP, AttentionWithRope, Embedding, LayerList, Linear, Module, RMSNorm, RotaryEmbedding, TransformerBlock
 from maxjax.nn.kv_cache import DenseKVCacheValues, MHAKVCacheParams
@@ -146,12 +147,12 @@ class LlamaForCausalLM(Module):
             batch, seq = tokens.shape[0], tokens.shape[1]
             kv, d = self.kv_cache_heads, self.layers[0].self_attn.head_dim
             positions = ops.broadcast_to(ops.unsqueeze(ops.range(0, seq, 1, dtype=DType.int32), 0), [batch, seq])
-            zero = ops.constant(0, self.dtype)
+            zero = literal_constant(0, self.dtype)
             k_cache = ops.broadcast_to(zero, [1, batch, kv, d, seq])
             v_cache = ops.broadcast_to(zero, [1, batch, kv, seq, d])
-            layer_idx = [ops.constant(0, DType.int32)] * len(self.layers)
+            layer_idx = [literal_constant(0, DType.int32)] * len(self.layers)
         else:
-            layer_idx = [ops.constant(i, DType.int32) for i in range(len(self.layers))]
+            layer_idx = [literal_constant(i, DType.int32) for i in range(len(self.layers))]
         block = self.layers[0].build_subgraph(
             "decoder_layer",
             [h.type, k_cache.type, v_cache.type, layer_idx[0].type, positions.type],

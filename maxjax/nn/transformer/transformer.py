@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 from maxjax.dtype import DType
 from maxjax.graph import ops
+from maxjax.graph.ops.shape import literal_constant
 from maxjax.graph.sharding import ShardingStrategy
 from maxjax.nn.layer import LayerList, Module
 
@@ -69,11 +70,11 @@ class TransformerBlock(Module):
             layer_idx, self.input_layernorm(x), kv_collection, freqs_cis=freqs_cis, input_row_offsets=input_row_offsets
         )
         if self.residual_multiplier != 1.0:
-            attn = attn * ops.constant(self.residual_multiplier, x.dtype)
+            attn = attn * literal_constant(self.residual_multiplier, x.dtype)
         h = x + attn
         mlp = self.mlp(self.post_attention_layernorm(h))
         if self.residual_multiplier != 1.0:
-            mlp = mlp * ops.constant(self.residual_multiplier, x.dtype)
+            mlp = mlp * literal_constant(self.residual_multiplier, x.dtype)
         return h + mlp
 
 
@@ -258,12 +259,12 @@ class Transformer(Module):
             raise NotImplementedError("Transformer(hidden_states=...): draft-model hidden-state inputs are not supported")
         h = self.embed_tokens(tokens)  # [total, dim]
         if self.embedding_multiplier != 1.0:
-            h = h * ops.constant(float(self.embedding_multiplier), h.dtype)
+            h = h * literal_constant(float(self.embedding_multiplier), h.dtype)
         freqs_cis = self.rope.freqs_cis
         capture = set(self.target_layer_ids or []) if self.return_hidden_states == ReturnHiddenStates.SELECTED_LAYERS else set()
         captured: list[list[Any]] = []
         for idx, layer in enumerate(self.layers):
-            h = layer(ops.constant(idx, DType.uint32), h, kv_collection, freqs_cis=freqs_cis, input_row_offsets=input_row_offsets)
+            h = layer(literal_constant(idx, DType.uint32), h, kv_collection, freqs_cis=freqs_cis, input_row_offsets=input_row_offsets)
             if idx in capture:
                 captured.append([h])
         return logits_postprocess(
