@@ -94,6 +94,18 @@ def test_setitem_writes_through_buffer_and_view():
         Buffer.from_numpy(np.zeros(2, np.int32))[0] = 2.7
     with pytest.raises(TypeError, match="expected dtype DType.float32, got DType.int32"):
         zb[0, :] = np.ones(3, np.int32)
+    # MAX 26.7 (oracle run 2026-11-27): integer indices one per axis, a scalar takes [0] or [()]
+    with pytest.raises(ValueError, match=r"number of indices \(1\) is not equal to the tensor rank \(2\)"):
+        zb[1] = 5
+    with pytest.raises(ValueError, match=r"number of indices \(3\) is not equal to the tensor rank \(2\)"):
+        zb[1, 1, 1] = 5
+    scalar = Buffer.scalar(5, DType.int32)
+    scalar[0] = 8
+    assert scalar.item() == 8
+    scalar[()] = 9
+    assert scalar.item() == 9
+    with pytest.raises(ValueError, match=r"number of indices \(1\) is not equal to the tensor rank \(0\)"):
+        scalar[1] = 3
 
 
 def test_view_reinterprets_bytes_and_shares_host_memory():
@@ -335,3 +347,23 @@ def test_device_buffers_move_between_devices():
         np.testing.assert_array_equal(back.to_numpy(), np.arange(4))
     else:
         assert b.to(Device(cpus[0])) is b
+
+
+def test_from_dlpack_bfloat16_producer():
+    """A CPU DLPack producer of bfloat16 (torch in MAX's test; here any object that exports a
+    capsule): NumPy's DLPack has no bfloat16, so the buffer comes in through jax.dlpack."""
+
+    class Producer:  # not a jax.Array: exercises the generic DLPack path
+        def __init__(self, a):
+            self._a = a
+
+        def __dlpack__(self, **kw):
+            return self._a.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self._a.__dlpack_device__()
+
+    values = np.array([1.5, -2.25, np.nan], ml_dtypes.bfloat16)
+    b = Buffer.from_dlpack(Producer(jnp.asarray(values)))
+    assert b.dtype == DType.bfloat16
+    assert b[0].item() == 1.5 and b[1].item() == -2.25 and np.isnan(b[2].item())

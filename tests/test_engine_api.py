@@ -189,3 +189,56 @@ def test_state_dict_zero_fills_with_max_buffers():
     assert (lin.state_dict()["weight"] is zero) == REF["sd.zero_is_kept"]
     lin.load_state_dict({"weight": np.ones((2, 3), np.float32)})
     assert type(lin.state_dict()["weight"]).__name__ == ref("sd.numpy_type")
+
+
+def test_module_holds_several_graphs_compiled_together():
+    """MAX 26.7's ``max.graph.Module`` (oracle run 2026-11-27): graphs built with ``module=m`` compile
+    together; ``init_all``/``load_all`` give one model per graph; ``load``/``init`` of the artifact,
+    or ``load`` of one of its graphs, refuse with MAX's words; an empty module compiles to ``{}``."""
+    from maxjax.graph import Module
+
+    m = Module()
+    t = [TensorType(DType.float32, [2], DeviceRef.CPU())]
+    g_a = Graph("a", forward=lambda x: x * 2, input_types=t, module=m)
+    Graph("b", forward=lambda x: x + 1, input_types=t, module=m)
+    assert m.top_level_graph_names() == ["a", "b"]
+    session = InferenceSession(devices=[CPU()])
+    compiled = session.compile(m)
+    assert repr(compiled) == "CompiledModel()"
+    models = session.init_all(compiled)
+    x = np.array([1.0, 3.0], np.float32)
+    np.testing.assert_array_equal(models["a"].execute(x)[0].to_numpy(), [2.0, 6.0])
+    np.testing.assert_array_equal(models["b"].execute(x)[0].to_numpy(), [2.0, 4.0])
+    assert set(session.load_all(g_a)) == {"a", "b"}  # a graph of a module loads its module
+    with pytest.raises(ValueError, match=r"exactly one model in the compiled artifact, but got 2\. Use init_all"):
+        session.init(compiled)
+    with pytest.raises(ValueError, match=r"but got 2\. Use load_all"):
+        session.load(g_a)
+    assert session.init_all(session.compile(Module())) == {}
+    with pytest.raises(ValueError, match="'a' is already in this Module"):  # MAX fails later, at compile
+        Graph("a", forward=lambda x: x, input_types=t, module=m)
+    with pytest.raises(RuntimeError):  # a graph whose forward fails does not join the module
+        Graph("c", forward=lambda x: (_ for _ in ()).throw(RuntimeError("boom")), input_types=t, module=m)
+    assert m.top_level_graph_names() == ["a", "b"]
+    with pytest.raises(TypeError, match="takes a maxjax.graph.Module"):
+        Graph("d", forward=lambda x: x, input_types=t, module="m")
+
+
+def test_non_contiguous_weights_and_inputs_refused_as_max():
+    """MAX refuses non-contiguous arrays in ``weights_registry`` (any key, used or not) and in
+    ``execute`` with one message (``max.engine.api._raise_if_not_contiguous``)."""
+    g = Graph("unity", forward=lambda x: x + 1, input_types=[TensorType(DType.float32, [4, 4], DeviceRef.CPU())])
+    session = InferenceSession(devices=[CPU()])
+    transposed = np.arange(16, dtype=np.float32).reshape(4, 4).T
+    assert not transposed.flags.c_contiguous
+    for load in (lambda: session.load(g, weights_registry={"extra": transposed}),
+                 lambda: session.init(session.compile(g), weights_registry={"extra": transposed}),
+                 lambda: session.init_all(session.compile(g), weights_registry={"extra": transposed}),
+                 lambda: session.load(g).execute(transposed)):  # fmt: skip
+        with pytest.raises(ValueError, match="non-contiguous tensors"):
+            load()
+    out = session.load(g).execute(np.ascontiguousarray(transposed))[0].to_numpy()
+    np.testing.assert_array_equal(out, transposed + 1)
+    from maxjax.engine.api import InferenceSession as ApiSession  # MAX's module path
+
+    assert ApiSession is InferenceSession

@@ -239,7 +239,8 @@ class Buffer:
 
         NumPy arrays: host buffers (a copy when read-only or ``copy=True``); a Buffer: itself (a
         copy with ``copy=True``); a ``jax.Array``: wrapped; other producers: host memory is
-        shared, device memory is imported by ``jax.dlpack``.
+        shared, device memory, and host memory of a dtype NumPy's DLPack lacks (bfloat16, float8),
+        is imported by ``jax.dlpack``.
 
         Raises:
             ValueError: a non-contiguous NumPy array or tensor, or ``copy`` given for anything but
@@ -266,7 +267,10 @@ class Buffer:
         if isinstance(array, jax.Array):
             return Buffer._of_jax(array)
         if array.__dlpack_device__()[0] == _DLPACK_CPU:
-            return Buffer._of_host(np.from_dlpack(array))
+            try:
+                return Buffer._of_host(np.from_dlpack(array))
+            except (BufferError, RuntimeError, TypeError):  # a dtype NumPy's DLPack lacks (bfloat16, float8)
+                pass
         return Buffer._of_jax(jax.dlpack.from_dlpack(array))
 
     @staticmethod
@@ -444,11 +448,23 @@ class Buffer:
         this dtype). A host buffer is written in place (views and ``to_numpy()`` arrays see it); a
         device buffer is rebound to a new array (``.at[idx].set``).
 
+        Integer indices must be one per axis, as in MAX (a rank-0 buffer takes ``[0]`` or ``[()]``);
+        maxjax also takes slices and ``...`` (NumPy's rule).
+
         Raises:
             IndexError: an index out of range.
             TypeError: a bad index; a float for an integer or bool buffer; an array of another dtype.
+            ValueError: integer indices fewer or more than the rank (MAX's message).
         """
         key = _index(idx)
+        keys = key if isinstance(key, tuple) else (key,)
+        if not any(isinstance(k, slice) or k is Ellipsis for k in keys):
+            if not self.shape and keys in ((), (0,)):
+                key = ()
+            elif len(keys) != len(self.shape):
+                raise ValueError(
+                    f"the provided number of indices ({len(keys)}) is not equal to the tensor rank ({len(self.shape)})"
+                )
         dtype = self.dtype
         if isinstance(value, Buffer):
             value = value.to_numpy() if value._host is not None else value._jax

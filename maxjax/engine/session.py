@@ -22,7 +22,7 @@ import numpy as np
 from maxjax.driver import CPU, Buffer, Device, to_jax_array
 from maxjax.dtype import DType
 from maxjax.engine.program import Program
-from maxjax.graph.graph import Graph
+from maxjax.graph.graph import Graph, Module
 from maxjax.graph.type import Shape
 
 __all__ = [
@@ -193,18 +193,45 @@ class DebugConfig:
         """Sets every option back to off (they always are)."""
 
 
+def _refuse_non_contiguous(x: Any) -> None:
+    """MAX's refusal of a non-contiguous NumPy array, Buffer or torch tensor given to ``execute`` or
+    in a ``weights_registry`` (``max.engine.api._raise_if_not_contiguous``, its message)."""
+    if (
+        (isinstance(x, np.ndarray) and not x.flags.c_contiguous)
+        or (isinstance(x, Buffer) and not x.is_contiguous)
+        or (type(x).__module__.startswith("torch") and callable(getattr(x, "is_contiguous", None)) and not x.is_contiguous())
+    ):
+        raise ValueError(
+            "Max does not currently support executing non-contiguous tensors. Before passing these tensors "
+            "to Max, please make a contiguous copy of them using `.contiguous()` before feeding them into "
+            "the `execute` or `load` APIs."
+        )
+
+
 class CompiledModel:
-    """A graph ready for :meth:`InferenceSession.init` (MAX's ``CompiledModel``).
+    """A graph, or the graphs of a :class:`~maxjax.graph.Module`, ready for
+    :meth:`InferenceSession.init` / :meth:`~InferenceSession.init_all` (MAX's ``CompiledModel``).
 
     XLA compiles a program for the input shapes it is first called with, so "compiled" here means
-    checked and lowered to a :class:`~maxjax.engine.program.Program`; the XLA compile happens on
-    the first ``execute`` (and is cached on disk by
+    checked and lowered to a :class:`~maxjax.engine.program.Program` per graph; the XLA compile
+    happens on the first ``execute`` (and is cached on disk by
     :func:`~maxjax.engine.enable_compilation_cache`).
     """
 
     def __init__(self, compiled: Any, expected_weights: dict[str, Any] | None = None):
-        self._compiled = compiled
+        # compiled: one Program, or {graph name: Program} for a Module (in build order)
+        self._programs: dict[str, Any] = compiled if isinstance(compiled, dict) else {"": compiled}
         self._expected_weights = expected_weights
+
+    @property
+    def _compiled(self) -> Any:
+        """The one Program (ValueError when the artifact holds several: MAX's words)."""
+        if len(self._programs) != 1:
+            raise ValueError(
+                f"Expected exactly one model in the compiled artifact, but got {len(self._programs)}. "
+                "Use init_all() to initialize multi-model artifacts."
+            )
+        return next(iter(self._programs.values()))
 
     def __repr__(self) -> str:
         return "CompiledModel()"
@@ -358,12 +385,7 @@ class Model:
         self._graph.check_values(args)
         arrays = []
         for i, a in enumerate(args):
-            if (isinstance(a, np.ndarray) and not a.flags.c_contiguous) or (isinstance(a, Buffer) and not a.is_contiguous):
-                raise ValueError(
-                    "Max does not currently support executing non-contiguous tensors. Before passing these tensors "
-                    "to Max, please make a contiguous copy of them using `.contiguous()` before feeding them into "
-                    "the `execute` or `load` APIs."
-                )
+            _refuse_non_contiguous(a)
             if isinstance(a, _SCALARS) and i < len(self._input_metadata):
                 a = Buffer.scalar(a, self._input_metadata[i].dtype).to_numpy()  # TypeError: a float for an int
             arrays.append(to_jax_array(a))
@@ -490,22 +512,29 @@ class InferenceSession:
             ValueError: a weight the graph needs is missing from the registry (with "did you mean"),
                 or its value has a different shape or dtype (naming the weight, expected and actual);
                 the graph has no output.
-            TypeError: ``model`` is not a Graph (maxjax has no serialized-model format).
+            TypeError: ``model`` is not a Graph or Module (maxjax has no serialized-model format).
+            ValueError: a Module (or a graph of one) holding several graphs: use :meth:`load_all`.
             NotImplementedError: ``custom_extensions`` or ``tile_based_fusion=True`` (MAX compiler
                 features with no JAX counterpart).
         """
         compiled = self._compile(model, "InferenceSession.load", custom_extensions, tile_based_fusion, scan, remat)
+        if len(compiled._programs) != 1:
+            raise ValueError(
+                f"Expected exactly one model in the compiled artifact, but got {len(compiled._programs)}. "
+                "Use load_all() to load multi-model artifacts."
+            )
         return self.init(compiled, weights_registry=weights_registry)
 
     def load_all(
         self,
-        model: Graph,
+        model: Graph | Module,
         *,
         custom_extensions: Any = None,
         weights_registry: Mapping[str, Any] | None = None,
         tile_based_fusion: bool = False,
     ) -> dict[str, Model]:
-        """``{graph.name: load(graph)}`` (a maxjax graph is one model)."""
+        """``{graph name: Model}`` for a Graph (one entry) or each graph of a
+        :class:`~maxjax.graph.Module` (a graph built into a Module loads its whole module)."""
         compiled = self._compile(model, "InferenceSession.load_all", custom_extensions, tile_based_fusion)
         return self.init_all(compiled, weights_registry=weights_registry)
 
@@ -513,13 +542,18 @@ class InferenceSession:
         self, model: Any, where: str, custom_extensions: Any, tile_based_fusion: bool, scan: bool = True,
         remat: bool = False,
     ) -> CompiledModel:  # fmt: skip
-        if not isinstance(model, Graph):
-            raise TypeError(f"{where} expects a maxjax Graph, got {type(model).__name__}")
+        if isinstance(model, Graph) and model._module is not None:
+            model = model._module  # MAX compiles the module a graph was built into, whole
+        if not isinstance(model, (Graph, Module)):
+            raise TypeError(f"{where} expects a maxjax Graph or Module, got {type(model).__name__}")
         _refuse_max_artifacts(where, custom_extensions=custom_extensions, tile_based_fusion=tile_based_fusion)
+        if isinstance(model, Module):
+            programs = {g.name: Program(g, scan=scan, remat=remat, devices=self._devices) for g in model._graphs.values()}
+            return CompiledModel(programs)
         program = Program(model, scan=scan, remat=remat, devices=self._devices)
         return CompiledModel(program, {k: e.weight.device for k, e in model._weights.items()})
 
-    def compile(self, model: Graph, *, custom_extensions: Any = None, tile_based_fusion: bool = False) -> CompiledModel:
+    def compile(self, model: Graph | Module, *, custom_extensions: Any = None, tile_based_fusion: bool = False) -> CompiledModel:
         """Checks and lowers ``model`` to a :class:`CompiledModel` (the XLA compile happens on the
         first execute, per input signature).
 
@@ -546,22 +580,36 @@ class InferenceSession:
         returns the :class:`Model` (a Graph is compiled first).
 
         Raises:
-            ValueError: as :meth:`load`.
+            ValueError: as :meth:`load`; a non-contiguous array in ``weights_registry`` (MAX's message).
         """
         if isinstance(compiled, Graph):
             compiled = self.compile(compiled)
         if not isinstance(compiled, CompiledModel):
             raise TypeError(f"InferenceSession.init expects a CompiledModel, got {type(compiled).__name__}")
         program = compiled._compiled
+        for value in (weights_registry or {}).values():
+            _refuse_non_contiguous(value)
         state = program.prepare(weights_registry or {})
         return Model(program, state, self._devices)
 
     def init_all(
         self, compiled: CompiledModel, *, weights_registry: Mapping[str, Any] | None = None
     ) -> dict[str, Model]:
-        """``{name: init(compiled)}`` (a maxjax artifact holds one graph)."""
-        model = self.init(compiled, weights_registry=weights_registry)
-        return {model.name: model}
+        """``{graph name: Model}``, one per graph of the compiled artifact (of a Module: each of its
+        graphs, each given the weights it names from ``weights_registry``).
+
+        Raises:
+            TypeError: ``compiled`` is not a CompiledModel. ValueError: as :meth:`load`.
+        """
+        if not isinstance(compiled, CompiledModel):
+            raise TypeError(f"InferenceSession.init_all expects a CompiledModel, got {type(compiled).__name__}")
+        for value in (weights_registry or {}).values():
+            _refuse_non_contiguous(value)
+        models = {}
+        for program in compiled._programs.values():
+            model = Model(program, program.prepare(weights_registry or {}), self._devices)
+            models[model.name] = model
+        return models
 
     # -- MAX's runtime options -----------------------------------------------------------------
     def set_debug_print_options(

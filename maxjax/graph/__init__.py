@@ -1,7 +1,7 @@
 """``maxjax.graph``: MAX's graph API (``Graph``, ``TensorValue``, ``Weight``, types, ``ops``) on JAX."""
 
 from maxjax.dtype import DType
-from maxjax.graph.graph import DevicePlacementPolicy, Graph, KernelLibrary
+from maxjax.graph.graph import DevicePlacementPolicy, Graph, KernelLibrary, Module
 from maxjax.graph.graph import register_kernel  # maxjax: a JAX implementation of a custom kernel (ops.custom)
 from maxjax.graph.graph import default_custom_extensions, default_custom_extensions_scope
 from maxjax.graph.type import (
@@ -19,4 +19,4 @@ __all__ = [
     "QuantizationEncoding", "Shape", "ShapeLike", "ShardingStrategy", "StaticDim", "SymbolicDim",
     "TensorType", "TensorValue", "TensorValueLike", "Type", "Value", "Weight", "ops",
 ]  # fmt: skip
-__all__ += ["DevicePlacementPolicy", "default_custom_extensions", "default_custom_extensions_scope", "register_kernel"]
+__all__ += ["DevicePlacementPolicy", "Module", "default_custom_extensions", "default_custom_extensions_scope", "register_kernel"]

@@ -23,7 +23,7 @@ from maxjax.graph.type import BufferType, DeviceRef, Dim, Shape, StaticDim, Symb
 from maxjax.graph.value import TensorValue
 
 __all__ = [
-    "Graph", "KernelLibrary", "Node", "as_tensor_type", "current_graph", "layer_scope", "register_kernel",
+    "Graph", "KernelLibrary", "Module", "Node", "as_tensor_type", "current_graph", "layer_scope", "register_kernel",
     "default_custom_extensions", "default_custom_extensions_scope",
 ]
 
@@ -335,6 +335,43 @@ def default_custom_extensions_scope(*paths: Any) -> Iterator[None]:
     yield
 
 
+class Module:
+    """A container for one or more :class:`Graph` instances compiled together (MAX's
+    ``max.graph.Module``; in MAX an MLIR module, here an ordered set of graphs by name).
+
+    ``Graph(name, ..., module=m)`` adds the graph to ``m``; ``InferenceSession.compile(m)`` /
+    ``load_all(m)`` then give one model per graph (``{graph.name: Model}``), and ``load`` /
+    ``compile`` of any one of its graphs compile the whole module, as MAX does (``load`` and
+    ``init`` refuse an artifact of several graphs: use ``load_all`` / ``init_all``).
+
+    Args:
+        mlir_module: MAX wraps an existing MLIR module; maxjax has none, so only None is accepted.
+
+    Raises:
+        NotImplementedError: ``mlir_module`` is given.
+    """
+
+    def __init__(self, mlir_module: Any = None) -> None:
+        if mlir_module is not None:
+            raise NotImplementedError("Module(mlir_module=...): maxjax graphs are built in Python, not from MLIR modules")
+        self._graphs: dict[str, Graph] = {}
+
+    def top_level_graph_names(self) -> list[str]:
+        """The names of the graphs in this module, in the order they were built."""
+        return list(self._graphs)
+
+    def _add(self, graph: "Graph") -> None:
+        if graph.name in self._graphs:
+            raise ValueError(
+                f"Graph {graph.name!r} is already in this Module (graphs of one module need distinct names; "
+                f"it has {self.top_level_graph_names()})"
+            )
+        self._graphs[graph.name] = graph
+
+    def __repr__(self) -> str:
+        return f"Module(graphs={self.top_level_graph_names()})"
+
+
 class Graph:
     """A computation graph (MAX's ``max.graph.Graph``).
 
@@ -358,8 +395,9 @@ class Graph:
     ``Graph.current`` is the innermost graph being built (``LookupError`` when there is none).
 
     Raises:
-        NotImplementedError: ``path`` (MLIR files), ``custom_extensions`` (Mojo kernel packages) or
-            ``module``: Mojo kernels and MLIR modules cannot run on JAX. ``kernel_library`` is a
+        NotImplementedError: ``path`` (MLIR files) or ``custom_extensions`` (Mojo kernel packages):
+            Mojo kernels and MLIR files cannot run on JAX. ``module`` is a :class:`Module` the graph
+            joins (TypeError otherwise; ValueError when it has a graph of that name). ``kernel_library`` is a
             :class:`KernelLibrary` of JAX kernels for ``ops.custom`` (a new one when None; a
             subgraph shares its parent's).
     """
@@ -393,8 +431,8 @@ class Graph:
                 "register a JAX implementation of each kernel with maxjax.graph.register_kernel(name) and call it "
                 "with ops.custom"
             )
-        if module:
-            raise NotImplementedError("Graph(module=...): MLIR modules cannot run on JAX")
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"Graph(module=...) takes a maxjax.graph.Module, got {type(module).__name__}")
         if not isinstance(strict_device_placement, DevicePlacementPolicy):
             raise TypeError(
                 f"Graph(strict_device_placement=...) takes a DevicePlacementPolicy "
@@ -445,15 +483,23 @@ class Graph:
         self._n_hidden = 0
         if forward is None and (args or kwargs):
             raise TypeError(f"Graph {name!r}: extra arguments {args or ''}{kwargs or ''} are passed to forward, but there is none")
+        self._module: Module | None = module  # the Module this graph joined (None: one of its own)
+        if module is not None:
+            module._add(self)
         if forward is not None:
-            with self:
-                result = forward(*self.inputs, *args, **kwargs)
-            if result is None:
-                self.output()
-            elif isinstance(result, (list, tuple)):
-                self.output(*result)
-            else:
-                self.output(result)
+            try:
+                with self:
+                    result = forward(*self.inputs, *args, **kwargs)
+                if result is None:
+                    self.output()
+                elif isinstance(result, (list, tuple)):
+                    self.output(*result)
+                else:
+                    self.output(result)
+            except BaseException:
+                if module is not None:  # a graph that failed to build does not stay in the module
+                    module._graphs.pop(name, None)
+                raise
 
     # -- context -----------------------------------------------------------------------------
     def __enter__(self) -> "Graph":

@@ -91,8 +91,8 @@ class Weight(TensorValue):
         align: int | None = None,
         sharding_strategy: "ShardingStrategy | None" = None,
     ):
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"Weight name must be a non-empty string, got {name!r}")
+        if not isinstance(name, str):  # MAX accepts any str, the empty one included
+            raise TypeError(f"Weight name must be a str, got {type(name).__name__} {name!r}")
         self._graph = self._node = self._array = None
         self._index = 0
         self.name = name
