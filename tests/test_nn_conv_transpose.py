@@ -40,10 +40,11 @@ def _permuted() -> tuple:
     outputs derived from MAX's permute=False numbers (MAX 26.7's CPU kernel refuses CFRS)."""
     w2, b = REF["ct2/ct2.weight"], np.arange(5, dtype=np.float32) - 2  # w2 [k=3, out=5, in=4]
     ctp = nn.ConvTranspose1d(3, 4, 5, F32, stride=2, padding=1, output_padding=1, has_bias=True, permute=True, device=CPU, name="ctp")
-    ctp.load_state_dict({"ctp.weight": np.transpose(w2, (2, 1, 0)), "ctp.bias": b})  # [in, out, k]
+    # contiguous copies: state_dict() hands back what was loaded, and a registry refuses strided views (as MAX's)
+    ctp.load_state_dict({"ctp.weight": np.ascontiguousarray(np.transpose(w2, (2, 1, 0))), "ctp.bias": b})  # [in, out, k]
     want_ctp = np.transpose(REF["ct2.out"], (0, 2, 1)) + b[:, None]  # [batch, out, new_length]
     bw = np.linspace(-1, 1, 6).astype(np.float32)
-    v = np.transpose(REF["wn3/wn3.weight"], (2, 1, 0))  # [in=4, out=6, k=4]
+    v = np.ascontiguousarray(np.transpose(REF["wn3/wn3.weight"], (2, 1, 0)))  # [in=4, out=6, k=4]
     g = 2 * np.sqrt((v**2).sum((1, 2)))[:, None, None]  # [in, 1, 1]: weight = 2 v
     wn = nn.WeightNormConvTranspose1d(4, 4, 6, F32, stride=2, padding=1, has_bias=True, permute=True, device=CPU, name="wn")
     # MAX's extra keys: the inner layer's weight (unused: NaN proves it) and its bias (the same Weight as wn.bias)
