@@ -72,6 +72,18 @@ def test_few_rows_multiply_in_float32_and_many_rows_in_int8():
     np.testing.assert_allclose(np.asarray(jitted), y, rtol=1e-6, atol=1e-6)
 
 
+def test_long_rows_multiply_in_column_blocks():
+    """A weight with more columns than the policy's ``dequant_col_chunk`` (Llama-3.2-1B's
+    ``down_proj``: 8192) multiplies one block of columns at a time; its per-row scale is whole in
+    every block."""
+    enc, packed, _ = _weight(gguf.GGMLQuantizationType.Q8_0, rows=32, cols=4 * CPU.dequant_col_chunk)
+    q = to_layout("int8", enc, packed)
+    assert CPU.col_chunks(q.shape[1], 1) > 1  # the blocked path is the one taken
+    x = np.random.default_rng(3).standard_normal((1, q.shape[1])).astype(np.float32)
+    want = x.astype(np.float64) @ np.asarray(q.dequantize(), np.float64).T
+    np.testing.assert_allclose(np.asarray(q.matmul(jnp.asarray(x), CPU)), want, rtol=1e-4, atol=1e-3)
+
+
 def test_stacked_layers_slice_and_unrotated_widths_work():
     enc = QuantizationEncoding.Q8_0
     rng = np.random.default_rng(3)

@@ -168,11 +168,16 @@ class QuantizedArray:
         if k > 1:  # a sum of products over column blocks, each its own fusion
             c, out = cols // k, None
             for j in range(k):
-                part = lax.optimization_barrier(jax.tree.map(lambda a: a[..., j * a.shape[-1] // k : (j + 1) * a.shape[-1] // k], self))
+                part = lax.optimization_barrier(self._column_block(j, k))
                 y = lax.optimization_barrier(policy.matmul_t(x[..., j * c : (j + 1) * c], part.dequantize()))
                 out = y if out is None else out + y
             return out
         return policy.matmul_t(x, self.dequantize())
+
+    def _column_block(self, j: int, k: int) -> "QuantizedArray":
+        """Block ``j`` of ``k`` equal blocks of columns (every leaf's last axis runs along the
+        columns, in whole GGUF blocks)."""
+        return jax.tree.map(lambda a: a[..., j * a.shape[-1] // k : (j + 1) * a.shape[-1] // k], self)
 
     # -- construction ------------------------------------------------------------------------------
     @classmethod
@@ -553,6 +558,11 @@ class _ChannelScaled(QuantizedArray):
 
     def dequantize(self) -> jax.Array:
         return self.values.astype(jnp.float32) * self.scale[..., None]
+
+    def _column_block(self, j: int, k: int) -> "_ChannelScaled":
+        """Block ``j`` of ``k`` of the columns: the values' columns; the per-row scale is whole."""
+        cols = self.values.shape[-1]
+        return _ChannelScaled(self.encoding, self.values[..., j * cols // k : (j + 1) * cols // k], self.scale)
 
 
 def hadamard_blocks(a: Any, block: int) -> Any:
