@@ -28,7 +28,7 @@ Saves ``benchmarks/results/serve.json`` and ``serve.png`` (``serve_quick.*`` wit
 one prompt per client), with the CPU's vector features, load average and the CPU time the rest of
 the machine used during each server's run (figures taken above 10% are flagged: not clean).
 
-    python benchmarks/serve.py [--quick] [--clients 1,8,32] [--prompts 3] [--max-tokens 128] [--results DIR] [--stem NAME]
+    python benchmarks/serve.py [--quick] [--clients 1,8,32] [--prompts 3] [--max-tokens 128] [--arithmetic int8] [--results DIR] [--stem NAME]
     python benchmarks/serve.py --replot benchmarks/results/serve.json
 """
 
@@ -159,7 +159,8 @@ class ServerProcess:
 def start_maxjax(args: argparse.Namespace, tmp: pathlib.Path) -> ServerProcess:
     port = free_port()
     argv = [sys.executable, "-m", "maxjax.cli", "serve", "--port", str(port), "--max-batch", str(args.max_batch),
-            "--max-queue", str(max(64, args.max_batch * 4)), "--max-context", str(args.max_context), "--log-level", "warning"]  # fmt: skip
+            "--max-queue", str(max(64, args.max_batch * 4)), "--max-context", str(args.max_context), "--log-level", "warning",
+            "--arithmetic", args.arithmetic]  # fmt: skip
     return ServerProcess("maxjax", argv, port, "SmolLM2-135M-Instruct.Q4_1", tmp / "maxjax.log")
 
 
@@ -278,7 +279,7 @@ def generate_b1(args: argparse.Namespace) -> dict:
     speeds, lines = [], []
     for _ in range(args.generate_runs):
         p = subprocess.run([sys.executable, "-m", "maxjax.cli", "generate", "--max-new-tokens", str(args.max_tokens), "--no-progress",
-                            PROMPTS[0]], capture_output=True, text=True, timeout=600)  # fmt: skip
+                            "--arithmetic", args.arithmetic, PROMPTS[0]], capture_output=True, text=True, timeout=600)  # fmt: skip
         m = re.search(r"([\d.]+) tokens/s", p.stderr)
         lines.append(p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "")
         if p.returncode == 0 and m:
@@ -392,6 +393,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default 2)")
     ap.add_argument("--max-batch", type=int, default=32, help="maxjax serve --max-batch (default 32)")
     ap.add_argument("--max-context", type=int, default=512, help="both servers' context (default 512)")
+    ap.add_argument("--arithmetic", choices=("auto", "float32", "int8"), default="auto",
+                    help="maxjax serve's and the generate reference's --arithmetic (default auto)")
     ap.add_argument("--generate-runs", type=int, default=2)
     ap.add_argument("--start-timeout", type=float, default=900)
     ap.add_argument("--request-timeout", type=float, default=900)
@@ -420,6 +423,7 @@ def main() -> int:
     r: dict = {
         "benchmark": "serve", "quick": args.quick, "clients": args.clients, "prompts_per_client": args.prompts,
         "max_tokens": args.max_tokens, "max_batch": args.max_batch, "max_context": args.max_context, "gguf": gguf,
+        "arithmetic": args.arithmetic,
         "machine": {"cpu_vector_features": cpu_vector_features(), "cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version(), "load_average_at_start": os.getloadavg()},
         "time": time.strftime("%Y-%m-%d %H:%M:%S"), "servers": {},
