@@ -90,3 +90,33 @@ def test_bfloat16_refused_without_native_bfloat16_matmul():
         train.Trainer(tiny_model(0), optax.sgd(0.1), policy=no_bf16, compute_dtype="bfloat16")
     with pytest.raises(ValueError, match=r"compute_dtype must be one of \('float32', 'bfloat16'\), got 'float16'"):
         train.Trainer(tiny_model(0), optax.sgd(0.1), compute_dtype="float16")
+
+
+def test_bfloat16_products_ask_for_float32_results_forward_and_backward():
+    """``bfloat16_float32_dots`` (CPU): a bfloat16 stored-weight product and both of its cotangent
+    products are dots with float32 results (accumulated in float32, rounded to bfloat16 after),
+    and their values are the float32 product's to bfloat16 rounding."""
+    policy = cpu_policy()
+    assert policy.bfloat16_float32_dots
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((3, 7, 96)), jnp.bfloat16)  # [batch, seq, in]
+    w = jnp.asarray(rng.standard_normal((48, 96)), jnp.bfloat16)  # [out, in]
+
+    def loss(pol):
+        return lambda x, w: jnp.sum(jnp.sin(pol.matmul_t(x, w, stored=True).astype(jnp.float32)))
+
+    grad = jax.grad(loss(policy), argnums=(0, 1))
+    hlo = jax.jit(grad).lower(x, w).as_text()
+    dots = [ln for ln in hlo.splitlines() if "dot_general" in ln]
+    assert len(dots) == 3 and all("-> tensor<" in ln and "xf32>" in ln.split("->")[-1] for ln in dots), dots
+    gx, gw = grad(x, w)
+    assert gx.dtype == jnp.bfloat16 and gw.dtype == jnp.bfloat16
+    xf, wf = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    y = policy.matmul_t(x, w, stored=True)  # bfloat16 [3, 7, 48]
+    np.testing.assert_allclose(np.asarray(y, np.float64), xf @ wf.T, rtol=2**-8, atol=1e-6)  # one rounding
+    g = np.asarray(jnp.cos(y.astype(jnp.float32)).astype(jnp.bfloat16), np.float64)  # d loss / d y as the bwd sees it
+    np.testing.assert_allclose(np.asarray(gx, np.float64), g @ wf, rtol=2**-7, atol=1e-2)
+    np.testing.assert_allclose(np.asarray(gw, np.float64), np.einsum("bso,bsi->oi", g, xf), rtol=2**-7, atol=1e-2)
+    off = dataclasses.replace(policy, bfloat16_float32_dots=False)  # XLA's own bfloat16 dots
+    off_dots = [ln for ln in jax.jit(jax.grad(loss(off), argnums=(0, 1))).lower(x, w).as_text().splitlines() if "dot_general" in ln]
+    assert off_dots and not any("xf32>" in ln.split("->")[-1] for ln in off_dots)

@@ -49,6 +49,14 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   ``Trainer(compute_dtype="bfloat16")`` is worth running. GPU and TPU: True; CPU: True only with
   bfloat16 dot instructions (``avx512_bf16`` or ``amx_bf16`` in ``/proc/cpuinfo``), since XLA:CPU
   otherwise emulates bfloat16 dots through float32 conversions (slower than float32).
+- ``bfloat16_float32_dots``: a bfloat16 ``x @ w.T`` of a stored weight (``matmul_t(...,
+  stored=True)``: every ``Linear``) asks the dot for float32 results and rounds them to bfloat16,
+  in the forward product and in both cotangent products (a ``custom_vjp``), and so does a bfloat16
+  ``einsum`` (attention) in its forward product: float32 accumulation,
+  and on XLA:CPU its fast bfloat16 path, where a dot with bfloat16 results takes a slow one
+  (2-core AVX-512/AMX Xeon, ``[512, 576] x [576, 1536]``: float32 4.4 ms, bfloat16 with
+  bfloat16 results 5.2 ms, with float32 results 1.2 ms). CPU: True; GPU and TPU: False (their
+  bfloat16 dots accumulate in float32 already).
 - ``xla_options``: compiler options for the programs maxjax itself jits (``CausalLM``'s steps,
   ``InferenceSession`` models), never for functions a user jits. CPU: XNNPACK off (its per-call
   cost exceeds small matmuls), and 512-bit vectors for float32 programs where the CPU has AVX-512.
@@ -102,6 +110,7 @@ class BackendPolicy:
         layer_weights: ``"stacked"`` or ``"per_layer"``, how inference programs hold the float
             matrices of scanned layers.
         bfloat16_matmul: the platform has native bfloat16 dots (bfloat16 training is allowed).
+        bfloat16_float32_dots: bfloat16 stored-weight products ask for float32 results (see above).
         xla_options: XLA compiler options for maxjax's own jitted programs.
         wide_vector_options: further options for float32 programs only (the CPU's 512-bit vectors:
             with bfloat16 activations they moved SmolLM2's logits 0.875 from transformers' own
@@ -125,6 +134,7 @@ class BackendPolicy:
     encoder_rows: int = 256
     layer_weights: str = "stacked"
     bfloat16_matmul: bool = True
+    bfloat16_float32_dots: bool = False
     xla_options: tuple[tuple[str, Any], ...] = ()
     wide_vector_options: tuple[tuple[str, Any], ...] = ()
     cpu_features: frozenset[str] = frozenset()
@@ -155,7 +165,10 @@ class BackendPolicy:
         return jnp.matmul(a, b, precision=self.precision)
 
     def einsum(self, spec: str, *operands: Any) -> Any:
-        """``jnp.einsum`` at this policy's precision."""
+        """``jnp.einsum`` at this policy's precision (bfloat16 operands: float32 results rounded
+        to bfloat16 where ``bfloat16_float32_dots``)."""
+        if self.bfloat16_float32_dots and operands and all(getattr(o, "dtype", None) == jnp.bfloat16 for o in operands):
+            return jnp.einsum(spec, *operands, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
         return jnp.einsum(spec, *operands, precision=self.precision)
 
     def matmul_t(self, x: Any, w: Any, stored: bool = False) -> Any:
@@ -177,6 +190,8 @@ class BackendPolicy:
           2 rows on (a sentence alone and in a padded batch give the same numbers).
         """
         if stored and w.ndim == 2 and x.dtype == w.dtype:
+            if self.bfloat16_float32_dots and x.dtype == jnp.bfloat16:
+                return _bfloat16_matmul_t(x, w)
             return lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), precision=self.precision)
         rows = math.prod(x.shape[:-1])  # symbolic while a Graph is built with symbolic dimensions
         n = 0 if stored else self.weight_left_max_rows
@@ -218,6 +233,34 @@ class BackendPolicy:
         return seq == 1 and not batch == 1
 
 
+def _bfloat16_dot_t(x: Any, w: Any) -> Any:
+    """``x [..., in] @ w [out, in].T`` of bfloat16 operands with float32 results, rounded to bfloat16."""
+    return lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+@jax.custom_vjp
+def _bfloat16_matmul_t(x: Any, w: Any) -> Any:
+    """:func:`_bfloat16_dot_t`, whose cotangent products also run bfloat16 x bfloat16 -> float32
+    (JAX's own transpose of a dot keeps the forward's result dtype: bfloat16 results)."""
+    return _bfloat16_dot_t(x, w)
+
+
+def _bfloat16_matmul_t_fwd(x: Any, w: Any) -> tuple[Any, tuple[Any, Any]]:
+    return _bfloat16_dot_t(x, w), (x, w)
+
+
+def _bfloat16_matmul_t_bwd(res: tuple[Any, Any], g: Any) -> tuple[Any, Any]:
+    x, w = res
+    g = g.astype(x.dtype)  # [..., out]
+    dx = lax.dot_general(g, w, (((g.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32)  # [..., in]
+    g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])  # [rows, out], [rows, in]
+    dw = lax.dot_general(g2, x2, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)  # [out, in]
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+_bfloat16_matmul_t.defvjp(_bfloat16_matmul_t_fwd, _bfloat16_matmul_t_bwd)
+
+
 # -- the policies ------------------------------------------------------------------------------
 
 
@@ -237,6 +280,7 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
         encoder_rows=32,
         layer_weights="per_layer",
         bfloat16_matmul=bool(flags & BFLOAT16_CPU_FLAGS),
+        bfloat16_float32_dots=True,
         xla_options=(("xla_cpu_use_xnnpack", False),),
         wide_vector_options=(("xla_cpu_prefer_vector_width", 512),) if avx512 else (),
         cpu_features=flags,
