@@ -414,6 +414,24 @@ def worker_hf(req: dict) -> dict:
 
 
 # -- llama.cpp worker ------------------------------------------------------------------------------
+def llama_without_extra_bufts(C) -> bool:
+    """Makes ``llama_cpp.Llama`` load with ``use_extra_bufts=False`` (``C``: ``llama_cpp.llama_cpp``;
+    the constructor has no such argument, so ``llama_model_default_params`` is wrapped): no weight
+    repacking into llama.cpp's extra buffer types (its AMX and repacked CPU kernels; see the module
+    docstring). False where this llama.cpp has no such field."""
+    if "use_extra_bufts" not in [f[0] for f in C.llama_model_params._fields_]:
+        return False
+    default_params = C.llama_model_default_params
+
+    def params_without_extra_bufts():
+        p = default_params()
+        p.use_extra_bufts = False
+        return p
+
+    C.llama_model_default_params = params_without_extra_bufts
+    return True
+
+
 def worker_llama(req: dict) -> dict:
     import numpy as np
     import llama_cpp
@@ -423,17 +441,9 @@ def worker_llama(req: dict) -> dict:
     out: dict = {"engine": "llama", "llama_cpp_python": llama_cpp.__version__, "n_threads": threads,
                  "system_info": C.llama_print_system_info().decode(errors="replace").strip(),
                  "cpu_affinity": sorted(os.sched_getaffinity(0))}  # fmt: skip
-    fields = [f[0] for f in C.llama_model_params._fields_]
-    out["use_extra_bufts_supported"] = "use_extra_bufts" in fields
-    if "use_extra_bufts" in fields and not req["llama_extra_bufts"]:
-        default_params = C.llama_model_default_params
-
-        def params_without_extra_bufts():
-            p = default_params()
-            p.use_extra_bufts = False
-            return p
-
-        C.llama_model_default_params = params_without_extra_bufts
+    out["use_extra_bufts_supported"] = "use_extra_bufts" in [f[0] for f in C.llama_model_params._fields_]
+    if not req["llama_extra_bufts"]:
+        llama_without_extra_bufts(C)
     n_ctx = max(512, len(req["long_ids"]) + 8, SHORT_PROMPT + steps + 8)
     t = time.perf_counter()
     llm = llama_cpp.Llama(model_path=req["gguf"], n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx,

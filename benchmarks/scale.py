@@ -4,7 +4,8 @@ For each model (the bundled SmolLM2-135M Q4_1, and the synthetic Llama-3.2-1B, a
 ``--sizes`` the 3B/8B, in Q4_0 and Q8_0, made on demand by ``scripts/make_synthetic_gguf.py`` in
 its cache) and each engine, in a fresh process with the file in the page cache:
 
-- load time (to a model ready to run; maxjax: ``load_model``, llama.cpp: ``Llama(...)``, mmap on);
+- load time (to a model ready to run; maxjax: ``load_model``, llama.cpp: ``Llama(...)``, mmap on,
+  ``use_extra_bufts=False`` as in ``benchmarks/generate.py`` unless ``--llama-extra-bufts``);
 - resident memory after load and peak after a 128-token prompt and 64 (``--steps``) greedy
   decode steps;
 - maxjax's compile time (a first 4-token generation: prefill and decode) and warm time to first token;
@@ -85,11 +86,17 @@ def worker_llama(req: dict) -> dict:
 
     threads = len(os.sched_getaffinity(0))
     ids = req["prompt_ids"]
+    if not req.get("llama_extra_bufts"):  # as benchmarks/generate.py: no repacking / AMX buffers
+        sys.path.insert(0, str(HERE))
+        from generate import llama_without_extra_bufts
+
+        llama_without_extra_bufts(C)
     t0 = time.perf_counter()
     llm = llama_cpp.Llama(model_path=req["model"], n_threads=threads, n_threads_batch=threads, n_ctx=512,
                           n_batch=512, use_mmap=True, verbose=False)  # fmt: skip
     out = {"engine": "llama.cpp", "load_s": time.perf_counter() - t0, "rss_after_load": _status("VmRSS"),
-           "system_info": C.llama_print_system_info().decode(errors="replace").strip(), "version": llama_cpp.__version__}  # fmt: skip
+           "system_info": C.llama_print_system_info().decode(errors="replace").strip(), "version": llama_cpp.__version__,
+           "use_extra_bufts": bool(getattr(llm.model_params, "use_extra_bufts", True))}  # fmt: skip
     n_vocab = llm.n_vocab()
 
     def argmax_last() -> int:
@@ -178,6 +185,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="1b", help="synthetic sizes: 1b,3b,8b")
     ap.add_argument("--types", default="q4_0,q8_0")
     ap.add_argument("--llama-python", default="/work/llamavenv/bin/python", help="a Python with llama_cpp")
+    ap.add_argument("--llama-extra-bufts", action="store_true",
+                    help="keep llama.cpp's use_extra_bufts default (weight repacking, AMX buffers; SIGILL where the VM forbids AMX)")
     ap.add_argument("--timeout", type=int, default=3600)
     ap.add_argument("--steps", type=int, default=STEPS, help="decode steps timed (default 64)")
     ap.add_argument("--smollm2", action=argparse.BooleanOptionalAction, default=True, help="include SmolLM2-135M")
@@ -219,7 +228,8 @@ def main() -> None:
         if "decode_tok_s" in mj:
             row["maxjax_share_of_bound_all_threads"] = mj["decode_tok_s"] / row["bound_tok_s_all_threads"]
         if have_llama and "prompt_ids" in mj and not os.path.isdir(path):
-            row["llama.cpp"] = run([a.llama_python], {"engine": "llama", "model": path, "prompt_ids": mj["prompt_ids"], "steps": a.steps}, a.timeout)
+            row["llama.cpp"] = run([a.llama_python], {"engine": "llama", "model": path, "prompt_ids": mj["prompt_ids"], "steps": a.steps,
+                                                         "llama_extra_bufts": a.llama_extra_bufts}, a.timeout)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k not in ("maxjax", "llama.cpp")}), flush=True)
         for eng in ("maxjax", "llama.cpp"):
