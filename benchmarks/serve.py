@@ -66,16 +66,12 @@ PROMPTS = [
     "A short story about a robot who learns to paint:",
 ]
 
-_LLAMA_LAUNCH = """
+_LLAMA_LAUNCH = f"""
 import sys
 import llama_cpp.llama_cpp as C
-if "use_extra_bufts" in [f[0] for f in C.llama_model_params._fields_]:
-    _default = C.llama_model_default_params
-    def _params():
-        p = _default()
-        p.use_extra_bufts = False
-        return p
-    C.llama_model_default_params = _params
+sys.path.insert(0, {str(HERE)!r})
+from generate import llama_without_extra_bufts  # stdlib-only module top: no maxjax, no jax
+llama_without_extra_bufts(C)
 from llama_cpp.server.__main__ import main
 sys.argv = ["llama_cpp.server"] + sys.argv[1:]
 main()

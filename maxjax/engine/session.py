@@ -208,6 +208,15 @@ def _refuse_non_contiguous(x: Any) -> None:
         )
 
 
+def _checked_registry(weights_registry: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """``weights_registry`` (``{}`` for None) after MAX's check of every value, used or not
+    (:func:`_refuse_non_contiguous`)."""
+    registry = weights_registry or {}
+    for value in registry.values():
+        _refuse_non_contiguous(value)
+    return registry
+
+
 class CompiledModel:
     """A graph, or the graphs of a :class:`~maxjax.graph.Module`, ready for
     :meth:`InferenceSession.init` / :meth:`~InferenceSession.init_all` (MAX's ``CompiledModel``).
@@ -223,13 +232,13 @@ class CompiledModel:
         self._programs: dict[str, Any] = compiled if isinstance(compiled, dict) else {"": compiled}
         self._expected_weights = expected_weights
 
-    @property
-    def _compiled(self) -> Any:
-        """The one Program (ValueError when the artifact holds several: MAX's words)."""
+    def _single(self, instead: str = "init_all() to initialize") -> Any:
+        """The one Program (ValueError when the artifact holds several, in MAX's words, naming the
+        call to use ``instead``)."""
         if len(self._programs) != 1:
             raise ValueError(
                 f"Expected exactly one model in the compiled artifact, but got {len(self._programs)}. "
-                "Use init_all() to initialize multi-model artifacts."
+                f"Use {instead} multi-model artifacts."
             )
         return next(iter(self._programs.values()))
 
@@ -518,11 +527,7 @@ class InferenceSession:
                 features with no JAX counterpart).
         """
         compiled = self._compile(model, "InferenceSession.load", custom_extensions, tile_based_fusion, scan, remat)
-        if len(compiled._programs) != 1:
-            raise ValueError(
-                f"Expected exactly one model in the compiled artifact, but got {len(compiled._programs)}. "
-                "Use load_all() to load multi-model artifacts."
-            )
+        compiled._single("load_all() to load")
         return self.init(compiled, weights_registry=weights_registry)
 
     def load_all(
@@ -586,11 +591,8 @@ class InferenceSession:
             compiled = self.compile(compiled)
         if not isinstance(compiled, CompiledModel):
             raise TypeError(f"InferenceSession.init expects a CompiledModel, got {type(compiled).__name__}")
-        program = compiled._compiled
-        for value in (weights_registry or {}).values():
-            _refuse_non_contiguous(value)
-        state = program.prepare(weights_registry or {})
-        return Model(program, state, self._devices)
+        program = compiled._single()
+        return Model(program, program.prepare(_checked_registry(weights_registry)), self._devices)
 
     def init_all(
         self, compiled: CompiledModel, *, weights_registry: Mapping[str, Any] | None = None
@@ -603,11 +605,10 @@ class InferenceSession:
         """
         if not isinstance(compiled, CompiledModel):
             raise TypeError(f"InferenceSession.init_all expects a CompiledModel, got {type(compiled).__name__}")
-        for value in (weights_registry or {}).values():
-            _refuse_non_contiguous(value)
+        registry = _checked_registry(weights_registry)
         models = {}
         for program in compiled._programs.values():
-            model = Model(program, program.prepare(weights_registry or {}), self._devices)
+            model = Model(program, program.prepare(registry), self._devices)
             models[model.name] = model
         return models
 

@@ -368,6 +368,11 @@ class Module:
             )
         self._graphs[graph.name] = graph
 
+    def _remove(self, graph: "Graph") -> None:
+        """Takes ``graph`` out again (its forward failed: a graph that was not built stays out)."""
+        if self._graphs.get(graph.name) is graph:
+            del self._graphs[graph.name]
+
     def __repr__(self) -> str:
         return f"Module(graphs={self.top_level_graph_names()})"
 
@@ -497,8 +502,8 @@ class Graph:
                 else:
                     self.output(result)
             except BaseException:
-                if module is not None:  # a graph that failed to build does not stay in the module
-                    module._graphs.pop(name, None)
+                if module is not None:
+                    module._remove(self)
                 raise
 
     # -- context -----------------------------------------------------------------------------
