@@ -123,7 +123,10 @@ def place_layers(values: Sequence[Any], target: Any, *, stacked: bool, transform
     device = jax.device_put(host, target)  # adopted on the CPU: aligned and read-only
     if encoding is None:
         return device
-    return to_layout(quantized_layout, encoding, device)
+    # Waited for, so that the stored bytes are freed before the next weight is read: with JAX's
+    # asynchronous dispatch every weight's stored stack would otherwise wait, alive, beside its
+    # converted one (Llama-3.2-1B Q4_0: 300 MB more at the peak of the load).
+    return jax.block_until_ready(to_layout(quantized_layout, encoding, device))
 
 
 def read_block(value: Any, layout: DeviceLayout | None, index: Sequence[slice]) -> np.ndarray:
