@@ -243,6 +243,18 @@ def _write_bad(tmp_path, name, data):
     return p
 
 
+def test_forget_reader_drops_that_file_only(tmp_path):
+    from maxjax.graph.weights.gguf import _CACHE, forget_reader, open_gguf
+
+    a = write_gguf(tmp_path / "a.gguf", {"w": (np.ones(32, np.float32), None)})
+    b = write_gguf(tmp_path / "b.gguf", {"w": (np.zeros(32, np.float32), None)})
+    ra, rb = open_gguf(a)[0], open_gguf(b)[0]
+    forget_reader(a)
+    forget_reader(tmp_path / "never-opened.gguf")
+    assert open_gguf(b)[0] is rb and open_gguf(a)[0] is not ra
+    assert [k[0] for k in _CACHE].count(os.path.realpath(a)) == 1
+
+
 def test_truncated_tensor_data_names_the_tensor_and_offsets(tmp_path):
     raw = _small(tmp_path)
     p = _write_bad(tmp_path, "trunc.gguf", raw[:-100])

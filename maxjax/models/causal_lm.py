@@ -28,6 +28,7 @@ import numpy as np
 from maxjax.dtype import DType
 from maxjax.engine import Program
 from maxjax.graph import Graph, TensorType
+from maxjax.graph.weights.gguf import forget_reader
 from maxjax.models import generation
 from maxjax.models.decoding import DecoderFunctions, cache_shapes
 from maxjax.models.generation import Generation
@@ -178,7 +179,9 @@ class CausalLM:
         arch, config, weights = checkpoint.open_gguf_checkpoint(path, lazy=True)  # read once, when placed (a mesh: each process its shards)
         tokenizer = Tokenizer.from_gguf(weights.reader)  # its checks too, before anything is built
         module = checkpoint.build(arch, config, arch.weights_from_gguf(weights, config), dtype, quantized=True)
-        return cls(module, config, tokenizer, dtype, progress, str(path), quantized_layout, policy, mesh, mesh_axes)
+        lm = cls(module, config, tokenizer, dtype, progress, str(path), quantized_layout, policy, mesh, mesh_axes)
+        forget_reader(path)  # the model holds its weights and tokenizer: the parsed metadata can go
+        return lm
 
     @classmethod
     def from_pretrained_dir(
