@@ -111,7 +111,9 @@ class Trainer:
             vocab]`` (``LlamaForCausalLM``), with its weights loaded.
         optimizer: an ``optax.GradientTransformation``.
         trainable: which weights train: name patterns (:mod:`maxjax.train.params`); None: all.
-        remat: recompute each scanned layer in the backward pass (less memory, more compute).
+        remat: recompute each scanned layer in the backward pass (less memory, more compute);
+            None (default): the backend policy's choice, off for float32 and its
+            ``bfloat16_remat`` for bfloat16 (on for the CPU, where it is faster).
         scan: run chains of layers as one ``lax.scan`` (compile time flat in depth); False
             inlines every layer (compile time grows with depth).
         mesh: a ``jax.sharding.Mesh`` for data-parallel steps (None: one device).
@@ -135,7 +137,7 @@ class Trainer:
         optimizer: Any,
         *,
         trainable: Patterns | None = None,
-        remat: bool = False,
+        remat: bool | None = None,
         scan: bool = True,
         mesh: jax.sharding.Mesh | None = None,
         data_axis: str = "dp",
@@ -158,6 +160,8 @@ class Trainer:
                 "bfloat16_matmul=True) to accept the emulation"
             )
         self.compute_dtype = compute_dtype
+        if remat is None:
+            remat = compute_dtype == "bfloat16" and resolved.bfloat16_remat
         self.module = module
         self.optimizer = optimizer
         self.mesh = mesh
