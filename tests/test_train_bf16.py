@@ -141,3 +141,28 @@ def test_bfloat16_recomputes_layers_where_the_policy_says_unless_told():
     assert float(m1["loss"]) == pytest.approx(float(m2["loss"]), rel=1e-3)
     for k in s1.params:
         np.testing.assert_allclose(np.asarray(s1.params[k]), np.asarray(s2.params[k]), rtol=0, atol=1e-4, err_msg=k)
+
+
+def test_frozen_bfloat16_stacks_are_scanned_as_their_bits_with_identical_steps():
+    """Where the policy says (CPU), the frozen bfloat16 stacks reach the layer scan as uint16 bit
+    patterns (XLA:CPU slices those in place); the step is bit-identical to the plain one."""
+    def lora_model():
+        m = tiny_model(3)
+        train.apply_lora(m, ["q_proj", "up_proj"], rank=4, alpha=8, key=jax.random.key(1))
+        return m
+
+    assert policy_for("cpu").bfloat16_stack_bits and not policy_for("gpu").bfloat16_stack_bits
+    plain_policy = dataclasses.replace(BF16, bfloat16_stack_bits=False)
+    bits = train.Trainer(lora_model(), optax.adam(1e-2), trainable="*lora_*", policy=BF16, compute_dtype="bfloat16")
+    plain = train.Trainer(lora_model(), optax.adam(1e-2), trainable="*lora_*", policy=plain_policy, compute_dtype="bfloat16")
+    batch = tokens(2, 9, seed=5)
+    s1, s2 = bits.init(seed=0), plain.init(seed=0)
+    jaxpr = str(jax.make_jaxpr(bits.logits)(s1.params, bits.frozen, jnp.asarray(batch[:, :-1])))
+    assert "bitcast_convert_type" in jaxpr and "uint16" in jaxpr
+    assert "bitcast_convert_type" not in str(jax.make_jaxpr(plain.logits)(s2.params, plain.frozen, jnp.asarray(batch[:, :-1])))
+    for _ in range(2):
+        (s1, m1), (s2, m2) = bits.step(s1, batch), plain.step(s2, batch)
+        assert float(m1["loss"]) == float(m2["loss"])
+    for k in s1.params:
+        np.testing.assert_array_equal(np.asarray(s1.params[k]), np.asarray(s2.params[k]), err_msg=k)
+    assert {str(v.dtype) for v in jax.tree.leaves(bits.frozen)} == {"bfloat16"}  # stored as before

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 from jax import lax
 
-__all__ = ["LayerWeights", "LayerIndexed", "materialize"]
+__all__ = ["LayerWeights", "LayerIndexed", "StackBits", "materialize"]
 
 
 @jax.tree_util.register_pytree_node_class
@@ -101,3 +101,32 @@ class LayerIndexed:
 def materialize(x: Any) -> Any:
     """``x``'s array when it is a :class:`LayerIndexed`, else ``x``."""
     return x.value() if isinstance(x, LayerIndexed) else x
+
+
+@jax.tree_util.register_pytree_node_class
+class StackBits:
+    """A stacked bfloat16 weight ``[layers, ...]`` carried through a scan as its uint16 bit
+    patterns, and sliced so: XLA:CPU widens a bfloat16 ``dynamic-slice`` to float32 (and then
+    converts the whole stack at every step), an integer slice it reads in place. Only for values
+    that are not differentiated (a bitcast carries no gradient): a Trainer's frozen weights."""
+
+    def __init__(self, bits: Any):
+        self.bits = bits
+
+    @classmethod
+    def of(cls, stack: Any) -> "StackBits":
+        """The bits of a bfloat16 ``stack``."""
+        return cls(lax.bitcast_convert_type(stack, np.uint16))
+
+    def value(self) -> Any:
+        """The bfloat16 array (of a slice, inside the scan)."""
+        import jax.numpy as jnp
+
+        return lax.bitcast_convert_type(self.bits, jnp.bfloat16)
+
+    def tree_flatten(self) -> tuple[tuple[Any], None]:
+        return (self.bits,), None
+
+    @classmethod
+    def tree_unflatten(cls, aux: None, children: Sequence[Any]) -> "StackBits":
+        return cls(children[0])

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxjax.graph.graph import Graph, Node
-from maxjax.graph.layer_weights import LayerIndexed, LayerWeights, materialize
+from maxjax.graph.layer_weights import LayerIndexed, LayerWeights, StackBits, materialize
 from maxjax.graph.value import TensorValue
 
 __all__ = ["Chain", "find_chains", "evaluate"]
@@ -188,6 +188,7 @@ def run_chain(
 
     def body(carry: tuple[Any, ...], x: tuple[Any, Any, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         w_slice, xs_vals, layer = x
+        w_slice = {k: v.value() if isinstance(v, StackBits) else v for k, v in w_slice.items()}
         if per_layer:
             w_slice = {**w_slice, **{k: LayerIndexed(v.layers, layer) for k, v in per_layer.items()}}
         args: list[Any] = [None] * n_args

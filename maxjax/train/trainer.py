@@ -52,6 +52,7 @@ import numpy as np
 from maxjax.dtype import DType
 from maxjax.engine import Program
 from maxjax.graph import Graph, TensorType
+from maxjax.graph.layer_weights import StackBits
 from maxjax.graph.quantization import QuantizedArray
 from maxjax.train.params import Patterns, select
 
@@ -305,10 +306,18 @@ class Trainer:
         """``logits [batch, seq, vocab]`` float32 of ``tokens [batch, seq]`` (pure: jit/grad it).
 
         With ``compute_dtype="bfloat16"`` the float32 ``params`` are cast to bfloat16 here, so
-        their gradients come back float32."""
+        their gradients come back float32; frozen bfloat16 stacks are handed to the layer scan as
+        their bits where the policy says (``bfloat16_stack_bits``: never differentiated, so
+        nothing is lost)."""
         if self.compute_dtype == "bfloat16":
             params = jax.tree.map(lambda a: a.astype(jnp.bfloat16), params)
-        return self.program.apply(self._program_state(params, frozen), tokens)[0]
+        state = self._program_state(params, frozen)
+        if self.program.policy.bfloat16_stack_bits:  # frozen bfloat16 stacks sliced as their bits
+            for entry, v in frozen.items():
+                where = self._where[entry]
+                if where[0] == "stacked" and isinstance(v, jax.Array) and v.dtype == jnp.bfloat16:
+                    state["stacked"][where[1]][where[2]] = StackBits.of(v)
+        return self.program.apply(state, tokens)[0]
 
     def _loss_fn(self, params: Any, frozen: Any, tokens: jax.Array, mask: Any) -> tuple[jax.Array, jax.Array]:
         return next_token_loss(self.logits(params, frozen, tokens[:, :-1]), tokens, mask)
