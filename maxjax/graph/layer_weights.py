@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -120,8 +121,6 @@ class StackBits:
 
     def value(self) -> Any:
         """The bfloat16 array (of a slice, inside the scan)."""
-        import jax.numpy as jnp
-
         return lax.bitcast_convert_type(self.bits, jnp.bfloat16)
 
     def tree_flatten(self) -> tuple[tuple[Any], None]:

@@ -65,7 +65,6 @@ GGUF_PLAIN_DTYPES: dict[gguf.GGMLQuantizationType, DType] = {
 
 
 _ARRAY, _STRING = int(gguf.GGUFValueType.ARRAY), int(gguf.GGUFValueType.STRING)
-_VALUE_TYPES = frozenset(int(t) for t in gguf.GGUFValueType)
 
 
 class _Problem(Exception):
@@ -123,7 +122,7 @@ class _CheckedReader(gguf.GGUFReader):
             itype = int(raw_itype[0])
             if itype == _STRING:
                 return self._string_array_parts(orig_offs, raw_itype)
-            scalar = self.gguf_scalar_to_np.get(gguf.GGUFValueType(itype)) if itype in _VALUE_TYPES else None
+            scalar = self.gguf_scalar_to_np.get(itype)  # keyed by an IntEnum: an int finds it, an unknown type does not
             if scalar is not None:
                 return self._scalar_array_parts(orig_offs, raw_itype, scalar)
         return super()._get_field_parts(orig_offs, raw_type)
@@ -145,14 +144,14 @@ class _CheckedReader(gguf.GGUFReader):
         alen = self._get(orig_offs + 4, np.uint64)
         n = int(alen[0])
         plain, size, raw = self._plain, self._size, memoryview(self._plain)
-        u64, little = np.dtype(np.uint64), sys.byteorder == "little"
+        u64 = np.dtype(np.uint64)
         parts: list[np.ndarray] = [raw_itype, alen]
         offs = orig_offs + 12
         for _ in range(n):
             end = offs + 8
             if end > size:
                 self._get(offs, np.uint64)  # raises the bounds error, naming the offset
-            slen = int.from_bytes(raw[offs:end], "little" if little else "big")
+            slen = int.from_bytes(raw[offs:end], sys.byteorder)  # the host's order: byte_order "I"
             if end + slen > size:
                 self._get(end, np.uint8, slen)  # raises the bounds error
             parts.append(plain[offs:end].view(u64))
