@@ -4,6 +4,8 @@
 # install when pyproject.toml has not changed since the last successful run.
 # The training corpus (the Python documentation's sources, Debian's python3-doc) is installed with
 # apt-get when it is missing and this runs as root; otherwise the tests that need it are skipped.
+# So is a C++ compiler (g++), which builds maxjax's CPU kernels on first use (without one,
+# quantized products run in XLA, after a warning, and tests/test_native_matmul.py fails).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -28,5 +30,15 @@ if (( ${#corpus[@]} == 0 )); then
       echo "setup: could not install python3-doc (the training corpus); its tests will be skipped" >&2
   else
     echo "setup: python3-doc (the training corpus) is not installed; run 'apt-get install python3-doc' as root" >&2
+  fi
+fi
+if ! command -v "${CXX:-c++}" >/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q --no-install-recommends g++ >/dev/null 2>&1 ||
+      { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends g++ >/dev/null; } ||
+      echo "setup: could not install g++ (maxjax's CPU kernels); quantized products will run in XLA" >&2
+  else
+    echo "setup: no C++ compiler; run 'apt-get install g++' as root for maxjax's CPU kernels" >&2
   fi
 fi

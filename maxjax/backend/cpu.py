@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import platform
 
-__all__ = ["cpu_features", "cpu_vector_features", "VECTOR_FEATURE_PREFIXES"]
+__all__ = ["cpu_features", "cpu_vector_features", "native_isa", "VECTOR_FEATURE_PREFIXES"]
 
 #: flags that say what vector units the CPU has (x86 AVX/AMX families, Arm NEON/SVE)
 VECTOR_FEATURE_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4", "asimd", "neon", "sve", "sme")
@@ -43,3 +43,13 @@ def cpu_vector_features() -> dict[str, object]:
         "machine": platform.machine(),
         "vector_features": sorted(f for f in flags if f.startswith(VECTOR_FEATURE_PREFIXES)),
     }
+
+
+def native_isa(flags: frozenset[str]) -> str | None:
+    """The instruction set maxjax's CPU kernels (:mod:`maxjax.backend.kernels`) are built for on
+    a CPU with ``flags``: ``"avx512"`` (F, BW), ``"avx2"`` (with FMA and F16C), or None (none)."""
+    if {"avx512f", "avx512bw", "f16c"} <= flags:
+        return "avx512"
+    if {"avx2", "fma", "f16c"} <= flags:
+        return "avx2"
+    return None

@@ -16,6 +16,8 @@ program's :class:`~maxjax.backend.BackendPolicy` to the ops that use one while i
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any, Callable, Mapping
 
 import jax
@@ -84,6 +86,9 @@ class Program:
             raise ValueError(f"quantized_layout must be one of {', '.join(map(repr, LAYOUTS))} or None, got {quantized_layout!r}")
         self.devices = list(devices or ())
         self.policy = policy_for(policy if policy is not None else (self.devices[0] if self.devices else None))
+        if self.policy.native_matmul_max_rows and any(_spans_devices(e.weight) for e in graph._weights.values()):
+            # weights split over a mesh: the SPMD partitioner cannot split a kernel's custom call
+            self.policy = dataclasses.replace(self.policy, native_matmul_max_rows=0)
         self.graph = graph
         self.remat = remat
         self.quantized_layout = quantized_layout or self.policy.quantized_layout
@@ -251,3 +256,9 @@ def _row_parts(target: Any, ndim: int) -> int:
     for name in names:
         parts *= target.mesh.shape[name]
     return parts
+
+
+def _spans_devices(w: Any) -> bool:
+    """Whether weight ``w`` is placed over more than one device (a mesh sharding)."""
+    devices = getattr(getattr(w, "sharding", None), "device_set", None)
+    return devices is not None and len(devices) > 1

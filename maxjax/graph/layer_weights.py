@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-__all__ = ["LayerWeights", "LayerIndexed", "StackBits", "materialize"]
+__all__ = ["LayerWeights", "LayerIndexed", "StackIndexed", "StackBits", "materialize"]
 
 
 @jax.tree_util.register_pytree_node_class
@@ -99,9 +99,38 @@ class LayerIndexed:
         return self.apply(lambda a: a)
 
 
+class StackIndexed:
+    """Layer ``index`` (a traced int32 scalar) of a stacked quantized weight ``stack`` (a
+    :class:`~maxjax.graph.quantization.QuantizedArray` with leaves ``[layers, ...]``), as a scan
+    step sees it when the backend policy multiplies it in a kernel that reads the layer in place
+    (:meth:`~maxjax.backend.BackendPolicy.native_matmul`): ``qmatmul`` passes the stack and the
+    index to :meth:`~maxjax.graph.quantization.QuantizedArray.layer_matmul`; any other op gets the
+    layer (:meth:`value`: sliced, as the scan would have sliced it)."""
+
+    def __init__(self, stack: Any, index: Any):
+        self.stack = stack
+        self.index = index
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.stack.shape[1:])
+
+    @property
+    def dtype(self) -> Any:
+        return self.stack.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def value(self) -> Any:
+        """The indexed layer (a slice of every leaf)."""
+        return self.stack.layer(self.index)
+
+
 def materialize(x: Any) -> Any:
-    """``x``'s array when it is a :class:`LayerIndexed`, else ``x``."""
-    return x.value() if isinstance(x, LayerIndexed) else x
+    """``x``'s array when it is a :class:`LayerIndexed` or :class:`StackIndexed`, else ``x``."""
+    return x.value() if isinstance(x, (LayerIndexed, StackIndexed)) else x
 
 
 @jax.tree_util.register_pytree_node_class

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxjax.graph.graph import Graph, Node
-from maxjax.graph.layer_weights import LayerIndexed, LayerWeights, StackBits, materialize
+from maxjax.graph.layer_weights import LayerIndexed, LayerWeights, StackBits, StackIndexed, materialize
 from maxjax.graph.value import TensorValue
 
 __all__ = ["Chain", "find_chains", "evaluate"]
@@ -176,6 +176,10 @@ def run_chain(
     ``first_args`` are the first call's arguments (carry and invariant values come from them);
     ``xs_args[i]`` the values of call ``i`` at :attr:`Chain.xs_positions`.
     """
+    from maxjax.backend import policy_for
+    from maxjax.graph.ops._core import is_quantized
+
+    policy = policy_for(policy)
     sub = chain.sub
     carry_pos = sorted(chain.carry)
     xs_pos = chain.xs_positions
@@ -184,13 +188,17 @@ def run_chain(
     n_args = len(sub._input_types)
 
     per_layer = {k: v for k, v in stacked.items() if isinstance(v, LayerWeights)}
-    arrays = {k: v for k, v in stacked.items() if not isinstance(v, LayerWeights)}
+    # quantized stacks that the policy multiplies in a kernel reading the layer in place: not sliced by the scan
+    in_place = {k: v for k, v in stacked.items() if is_quantized(v) and policy.native_matmul(v, 1)}
+    arrays = {k: v for k, v in stacked.items() if not isinstance(v, LayerWeights) and k not in in_place}
 
     def body(carry: tuple[Any, ...], x: tuple[Any, Any, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         w_slice, xs_vals, layer = x
         w_slice = {k: v.value() if isinstance(v, StackBits) else v for k, v in w_slice.items()}
         if per_layer:
             w_slice = {**w_slice, **{k: LayerIndexed(v.layers, layer) for k, v in per_layer.items()}}
+        if in_place:
+            w_slice = {**w_slice, **{k: StackIndexed(v, layer) for k, v in in_place.items()}}
         args: list[Any] = [None] * n_args
         for j, v in inv.items():
             args[j] = v

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from maxjax.graph.ops._core import apply, check_same_device, dtype_of, op_traits
 from maxjax.graph.type import Dim, StaticDim
-from maxjax.graph.layer_weights import LayerIndexed
+from maxjax.graph.layer_weights import LayerIndexed, StackIndexed, materialize
 from maxjax.graph.quantization import QuantizedArray, as_quantized
 
 __all__ = ["matmul", "softmax", "logsoftmax", "layer_norm", "rms_norm", "dequantize", "qmatmul"]
@@ -226,9 +226,11 @@ def dequantize(encoding: Any, quantized: Any) -> Any:
     return apply(_dequantize, quantized, _name=f"dequantize[{encoding.value}]", encoding=encoding)
 
 
-@op_traits(accepts_quantized=True, uses_policy=True)
+@op_traits(accepts_quantized=True, uses_policy=True, accepts_layer_indexed=True)
 def _qmatmul(x: Any, w: Any, *, encoding: Any, policy: Any) -> Any:
-    return as_quantized(w, encoding).matmul(x, policy)
+    if isinstance(w, StackIndexed):  # a scan step's layer of a stack, read in place by the policy's kernel
+        return as_quantized(w.stack, encoding).layer_matmul(x, w.index, policy)
+    return as_quantized(materialize(w), encoding).matmul(x, policy)
 
 
 def qmatmul(encoding: Any, config: Any, lhs: Any, *rhs: Any) -> Any:

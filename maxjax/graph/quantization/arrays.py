@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from maxjax.backend import BackendPolicy, policy_for
+from maxjax.backend import BackendPolicy, kernels, policy_for
 from maxjax.graph.quantization.blocks import _dequantize_jit, check_packed, combine, unpack
 from maxjax.graph.quantization.encoding import QuantizationEncoding, as_encoding
 
@@ -158,6 +158,8 @@ class QuantizedArray:
         if not shape or not isinstance(shape[-1], (int, np.integer)) or shape[-1] != cols:
             raise ValueError(f"matmul: x has {shape[-1] if shape else None} features (shape {tuple(shape)}) but {self!r} has {cols} columns")
         lead = math.prod(shape[:-1])
+        if policy.native_matmul(self, lead):  # a few rows: maxjax's CPU kernel
+            return kernels.quantized_matmul(x, self)
         n = policy.row_chunks(rows, lead)
         if n > 1:  # dequantize and multiply one block of rows at a time
             blocks = jax.tree.map(lambda a: a.reshape(n, a.shape[0] // n, *a.shape[1:]), self)
@@ -173,6 +175,27 @@ class QuantizedArray:
                 out = y if out is None else out + y
             return out
         return policy.matmul_t(x, self.dequantize())
+
+    def layer_matmul(self, x: Any, layer: Any, policy: BackendPolicy | None = None) -> jax.Array:
+        """:meth:`matmul` with layer ``layer`` (an int32 scalar, clamped into range) of a stack of
+        weights (leaves ``[layers, ...]``, logical shape ``[layers, rows, cols]``): what a scan
+        step computes. Where the policy runs the product in maxjax's CPU kernel, the kernel reads
+        the layer in place; otherwise the layer is sliced (a copy) and multiplied by :meth:`matmul`.
+
+        Raises:
+            ValueError: as :meth:`matmul`, or this is not a stack of 2-D weights.
+        """
+        policy = policy_for(policy)
+        if self.ndim != 3:
+            raise ValueError(f"layer_matmul: {self!r} is not a stack of 2-D weights")
+        lead = math.prod(getattr(x, "shape", (0,))[:-1])
+        if getattr(x, "dtype", None) is not None and np.dtype(x.dtype) == np.float32 and policy.native_matmul(self, lead):
+            return kernels.quantized_matmul(x, self, layer)
+        return self.layer(layer).matmul(x, policy)
+
+    def layer(self, layer: Any) -> "QuantizedArray":
+        """Layer ``layer`` (an int, or a traced int32 scalar clamped into range) of a stack."""
+        return jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, layer, keepdims=False), self)
 
     def _column_block(self, j: int, k: int) -> "QuantizedArray":
         """Block ``j`` of ``k`` equal blocks of columns (every leaf's last axis runs along the

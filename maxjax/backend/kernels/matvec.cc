@@ -1,0 +1,349 @@
+// Products of a few activation rows with a quantized weight, read in its run-time layout, on the
+// CPU: XLA FFI handlers (https://docs.jax.dev/en/latest/ffi.html) that maxjax registers with
+// jax.ffi when the backend policy asks for them (see maxjax/backend/kernels/__init__.py).
+//
+// out[m, r] = sum_c x[m, c] * W[r, c], W dequantized on the fly and never written out, in
+// float32 arithmetic (the activations are not quantized: the result is the float32 product of
+// the file's values, up to summation order). XLA:CPU's own fused dequantize-and-dot unpacks at
+// about 11 G values/s on two AVX-512 cores, below memory speed; this loop unpacks 16 values per
+// instruction and splits the rows over XLA's intra-op thread pool.
+//
+// Layouts (maxjax/graph/quantization/arrays.py):
+//   nibbles:  values uint8 [..., rows/2, cols], byte (i, j) = row 2i col j (low nibble) and row
+//             2i+1 col j (high); scale (and offset) [..., rows, cols/32] float16 or float32.
+//             W = scale * q + offset, or scale * (q - 8) without an offset (Q4_0).
+//   unpacked: values int8 or uint8 [..., rows, cols]; scale (and offset) float32
+//             [..., rows, cols/group], group 16 or 32. W = scale * q (+ offset).
+// A leading layer axis is indexed by the `layer` operand (int32 scalar), so that a scan over
+// stacked weights reads each layer in place instead of copying its slice first.
+//
+// Built for the host by the loader with -march=native: AVX-512 (F, BW) or AVX2 with FMA.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+// ---- 16 float32 lanes: one 512-bit register, or two 256-bit ones ---------------------------------
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+struct V {
+  __m512 v;
+};
+inline V vzero() { return {_mm512_setzero_ps()}; }
+inline V vload(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline V vbcast(float s) { return {_mm512_set1_ps(s)}; }
+inline V vmul(V a, V b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline V vfma(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline float vsum(V a) { return _mm512_reduce_add_ps(a.v); }
+// 16 bytes -> their low and high nibbles as floats
+inline void nibbles16(const uint8_t* p, V& lo, V& hi) {
+  __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  lo = {_mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)))};
+  hi = {_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4))};
+}
+inline V bytes16(const uint8_t* p) {
+  return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+}
+inline V bytes16(const int8_t* p) {
+  return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+struct V {
+  __m256 a, b;
+};
+inline V vzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline V vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline V vbcast(float s) { return {_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
+inline V vmul(V x, V y) { return {_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; }
+inline V vfma(V x, V y, V z) { return {_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)}; }
+inline float vsum(V x) {
+  __m256 s = _mm256_add_ps(x.a, x.b);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+inline void nibbles16(const uint8_t* p, V& lo, V& hi) {
+  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  __m256i b0 = _mm256_cvtepu8_epi32(raw), b1 = _mm256_cvtepu8_epi32(_mm_srli_si128(raw, 8));
+  __m256i m = _mm256_set1_epi32(15);
+  lo = {_mm256_cvtepi32_ps(_mm256_and_si256(b0, m)), _mm256_cvtepi32_ps(_mm256_and_si256(b1, m))};
+  hi = {_mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4))};
+}
+inline V bytes16(const uint8_t* p) {
+  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(raw)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(raw, 8)))};
+}
+inline V bytes16(const int8_t* p) {
+  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(raw, 8)))};
+}
+#else
+#error "maxjax's CPU kernels need AVX-512 (F, BW) or AVX2 with FMA"
+#endif
+
+// ---- scales, offsets and the activation sums they multiply ----------------------------------------
+inline void to_float(const uint16_t* s, float* d, int64_t n) {  // float16 -> float32
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+  for (; i < n; ++i) d[i] = _cvtsh_ss(s[i]);
+}
+inline void to_float(const float* s, float* d, int64_t n) { std::memcpy(d, s, n * sizeof(float)); }
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float r = 0.f;
+  for (int64_t i = 0; i < n; ++i) r += a[i] * b[i];
+  return r;
+}
+
+// sums[m, g] = sum of x[m, g*group : (g+1)*group]
+std::vector<float> group_sums(const float* x, int64_t rows, int64_t cols, int64_t group) {
+  const int64_t ng = cols / group;
+  std::vector<float> sums(rows * ng);
+  for (int64_t m = 0; m < rows; ++m)
+    for (int64_t g = 0; g < ng; ++g) {
+      V acc = vzero();
+      for (int64_t k = 0; k < group; k += 16) acc = vfma(vload(x + m * cols + g * group + k), vbcast(1.f), acc);
+      sums[m * ng + g] = vsum(acc);
+    }
+  return sums;
+}
+
+// ---- the loops ---------------------------------------------------------------------------------------
+// Rows of a nibbles weight, pairs [p0, p1), activation rows [m0, m0 + MB).
+template <typename S, bool Offset, int MB>
+void nibble_pairs(const uint8_t* values, const S* scale, const S* offset, const float* x, const float* xsum,
+                  int64_t rows, int64_t cols, int64_t m0, int64_t p0, int64_t p1, float* out) {
+  const int64_t nb = cols / 32;
+  std::vector<float> buf(4 * nb);
+  float *s0 = buf.data(), *s1 = s0 + nb, *o0 = s1 + nb, *o1 = o0 + nb;
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* v = values + p * cols;
+    to_float(scale + 2 * p * nb, s0, nb);
+    to_float(scale + (2 * p + 1) * nb, s1, nb);
+    if (Offset) {
+      to_float(offset + 2 * p * nb, o0, nb);
+      to_float(offset + (2 * p + 1) * nb, o1, nb);
+    }
+    V acc0[MB], acc1[MB];
+    for (int j = 0; j < MB; ++j) acc0[j] = acc1[j] = vzero();
+    for (int64_t b = 0; b < nb; ++b) {
+      V lo_a, hi_a, lo_b, hi_b;
+      nibbles16(v + 32 * b, lo_a, hi_a);
+      nibbles16(v + 32 * b + 16, lo_b, hi_b);
+      const V d0 = vbcast(s0[b]), d1 = vbcast(s1[b]);
+      for (int j = 0; j < MB; ++j) {
+        const float* xm = x + (m0 + j) * cols + 32 * b;
+        const V xa = vload(xm), xb = vload(xm + 16);
+        acc0[j] = vfma(vfma(lo_b, xb, vmul(lo_a, xa)), d0, acc0[j]);
+        acc1[j] = vfma(vfma(hi_b, xb, vmul(hi_a, xa)), d1, acc1[j]);
+      }
+    }
+    for (int j = 0; j < MB; ++j) {
+      const float* xs = xsum + (m0 + j) * nb;
+      float r0 = vsum(acc0[j]), r1 = vsum(acc1[j]);
+      if (Offset) {
+        r0 += dot(o0, xs, nb);
+        r1 += dot(o1, xs, nb);
+      } else {  // scale * (q - 8)
+        r0 -= 8.f * dot(s0, xs, nb);
+        r1 -= 8.f * dot(s1, xs, nb);
+      }
+      out[(m0 + j) * rows + 2 * p] = r0;
+      out[(m0 + j) * rows + 2 * p + 1] = r1;
+    }
+  }
+}
+
+// Rows [r0, r1) of an unpacked weight (one byte per value), activation rows [m0, m0 + MB).
+template <typename Q, bool Offset, int MB>
+void byte_rows(const Q* values, const float* scale, const float* offset, const float* x, const float* xsum,
+               int64_t rows, int64_t cols, int64_t group, int64_t m0, int64_t r0, int64_t r1, float* out) {
+  const int64_t ng = cols / group;
+  for (int64_t r = r0; r < r1; ++r) {
+    const Q* v = values + r * cols;
+    const float* s = scale + r * ng;
+    V acc[MB];
+    for (int j = 0; j < MB; ++j) acc[j] = vzero();
+    for (int64_t g = 0; g < ng; ++g) {
+      V blk[MB];
+      for (int j = 0; j < MB; ++j) blk[j] = vzero();
+      for (int64_t k = g * group; k < (g + 1) * group; k += 16) {
+        const V q = bytes16(v + k);
+        for (int j = 0; j < MB; ++j) blk[j] = vfma(q, vload(x + (m0 + j) * cols + k), blk[j]);
+      }
+      const V d = vbcast(s[g]);
+      for (int j = 0; j < MB; ++j) acc[j] = vfma(blk[j], d, acc[j]);
+    }
+    for (int j = 0; j < MB; ++j) {
+      float res = vsum(acc[j]);
+      if (Offset) res += dot(offset + r * ng, xsum + (m0 + j) * ng, ng);
+      out[(m0 + j) * rows + r] = res;
+    }
+  }
+}
+
+// Runs work(begin, end) over [0, n) split in contiguous parts, one per thread of XLA's pool (the
+// caller takes the first part and then waits for the others).
+template <typename F>
+void parallel_for(ffi::ThreadPool& pool, int64_t n, F work) {
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), n));
+  const int64_t chunk = (n + parts - 1) / parts;
+  std::atomic<int64_t> pending(parts - 1);
+  for (int64_t t = 1; t < parts; ++t) {
+    const int64_t a = t * chunk, e = std::min(n, a + chunk);
+    pool.Schedule([&work, &pending, a, e] {
+      if (a < e) work(a, e);
+      pending.fetch_sub(1, std::memory_order_release);
+    });
+  }
+  work(0, std::min(n, chunk));
+  while (pending.load(std::memory_order_acquire) > 0) _mm_pause();
+}
+
+// Activation rows go four at a time (each unpacked weight value feeds four products), then one.
+template <typename Rows4, typename Rows1>
+void over_rows(int64_t m_rows, Rows4 four, Rows1 one) {
+  int64_t m = 0;
+  for (; m + 4 <= m_rows; m += 4) four(m);
+  for (; m < m_rows; ++m) one(m);
+}
+
+// The layer a scan step reads (clamped into [0, layers), as XLA's dynamic-slice clamps); 0 for
+// a weight without a layer axis (an empty `layer` operand).
+template <typename Dims>
+int64_t layer_of(ffi::AnyBuffer layer, const Dims& dims) {
+  if (layer.element_count() == 0) return 0;
+  int64_t layers = 1;
+  for (size_t i = 0; i + 2 < dims.size(); ++i) layers *= dims[i];
+  const int64_t l = *reinterpret_cast<const int32_t*>(layer.untyped_data());
+  return std::min<int64_t>(std::max<int64_t>(l, 0), layers - 1);
+}
+
+ffi::Error check_dims(const char* what, int64_t cols, int64_t rows, int64_t out_rows, int64_t group) {
+  if (cols <= 0 || cols % group || cols % 16 || rows <= 0 || rows != out_rows)
+    return ffi::Error::InvalidArgument(std::string(what) + ": inconsistent shapes");
+  return ffi::Error::Success();
+}
+
+template <typename S, bool Offset>
+void run_nibbles(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const uint8_t* values, const S* scale, const S* offset,
+                 int64_t rows, int64_t cols, float* out) {
+  const std::vector<float> xsum = group_sums(x, m_rows, cols, 32);
+  const float* xs = xsum.data();
+  parallel_for(pool, rows / 2, [&](int64_t p0, int64_t p1) {
+    over_rows(
+        m_rows, [&](int64_t m) { nibble_pairs<S, Offset, 4>(values, scale, offset, x, xs, rows, cols, m, p0, p1, out); },
+        [&](int64_t m) { nibble_pairs<S, Offset, 1>(values, scale, offset, x, xs, rows, cols, m, p0, p1, out); });
+  });
+}
+
+ffi::Error NibblesMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> values, ffi::AnyBuffer scale,
+                         ffi::AnyBuffer offset, ffi::AnyBuffer layer, ffi::ResultBuffer<ffi::F32> out) {
+  const auto vd = values.dimensions();
+  const int64_t cols = x.dimensions().back(), m_rows = x.element_count() / cols;
+  const int64_t rows = 2 * vd[vd.size() - 2];
+  if (vd.back() != cols) return ffi::Error::InvalidArgument("nibbles matmul: x and the weight disagree on columns");
+  if (auto e = check_dims("nibbles matmul", cols, rows, out->dimensions().back(), 32); e.failure()) return e;
+  const int64_t l = layer_of(layer, vd);
+  const uint8_t* v = values.typed_data() + l * (rows / 2) * cols;
+  const int64_t ns = rows * (cols / 32), l_off = l * ns;
+  const bool has_offset = offset.element_count() != 0;
+  float* o = out->typed_data();
+  if (scale.element_type() == ffi::F16) {
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(scale.untyped_data()) + l_off;
+    if (has_offset)
+      run_nibbles<uint16_t, true>(pool, x.typed_data(), m_rows, v, s, reinterpret_cast<const uint16_t*>(offset.untyped_data()) + l_off, rows, cols, o);
+    else
+      run_nibbles<uint16_t, false>(pool, x.typed_data(), m_rows, v, s, nullptr, rows, cols, o);
+  } else if (scale.element_type() == ffi::F32) {
+    const float* s = reinterpret_cast<const float*>(scale.untyped_data()) + l_off;
+    if (has_offset)
+      run_nibbles<float, true>(pool, x.typed_data(), m_rows, v, s, reinterpret_cast<const float*>(offset.untyped_data()) + l_off, rows, cols, o);
+    else
+      run_nibbles<float, false>(pool, x.typed_data(), m_rows, v, s, nullptr, rows, cols, o);
+  } else {
+    return ffi::Error::InvalidArgument("nibbles matmul: scales must be float16 or float32");
+  }
+  return ffi::Error::Success();
+}
+
+template <typename Q, bool Offset>
+void run_bytes(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const Q* values, const float* scale, const float* offset,
+               int64_t rows, int64_t cols, int64_t group, float* out) {
+  std::vector<float> xsum;
+  if (Offset) xsum = group_sums(x, m_rows, cols, group);
+  const float* xs = xsum.data();
+  parallel_for(pool, rows, [&](int64_t r0, int64_t r1) {
+    over_rows(
+        m_rows, [&](int64_t m) { byte_rows<Q, Offset, 4>(values, scale, offset, x, xs, rows, cols, group, m, r0, r1, out); },
+        [&](int64_t m) { byte_rows<Q, Offset, 1>(values, scale, offset, x, xs, rows, cols, group, m, r0, r1, out); });
+  });
+}
+
+ffi::Error UnpackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer values, ffi::Buffer<ffi::F32> scale,
+                          ffi::AnyBuffer offset, ffi::AnyBuffer layer, ffi::ResultBuffer<ffi::F32> out) {
+  const auto vd = values.dimensions();
+  const auto sd = scale.dimensions();
+  const int64_t cols = x.dimensions().back(), m_rows = x.element_count() / cols;
+  const int64_t rows = vd[vd.size() - 2];
+  if (vd.back() != cols || sd.back() <= 0) return ffi::Error::InvalidArgument("unpacked matmul: x and the weight disagree on columns");
+  const int64_t group = cols / sd.back();
+  if (group % 16 || group * sd.back() != cols) return ffi::Error::InvalidArgument("unpacked matmul: groups must be a multiple of 16 values");
+  if (auto e = check_dims("unpacked matmul", cols, rows, out->dimensions().back(), group); e.failure()) return e;
+  const int64_t l = layer_of(layer, vd);
+  const int64_t nv = rows * cols, ns = rows * sd.back();
+  const float* s = scale.typed_data() + l * ns;
+  const bool has_offset = offset.element_count() != 0;
+  const float* off = has_offset ? reinterpret_cast<const float*>(offset.untyped_data()) + l * ns : nullptr;
+  float* o = out->typed_data();
+  if (values.element_type() == ffi::S8) {
+    const int8_t* v = reinterpret_cast<const int8_t*>(values.untyped_data()) + l * nv;
+    if (has_offset)
+      run_bytes<int8_t, true>(pool, x.typed_data(), m_rows, v, s, off, rows, cols, group, o);
+    else
+      run_bytes<int8_t, false>(pool, x.typed_data(), m_rows, v, s, off, rows, cols, group, o);
+  } else if (values.element_type() == ffi::U8) {
+    const uint8_t* v = reinterpret_cast<const uint8_t*>(values.untyped_data()) + l * nv;
+    if (has_offset)
+      run_bytes<uint8_t, true>(pool, x.typed_data(), m_rows, v, s, off, rows, cols, group, o);
+    else
+      run_bytes<uint8_t, false>(pool, x.typed_data(), m_rows, v, s, off, rows, cols, group, o);
+  } else {
+    return ffi::Error::InvalidArgument("unpacked matmul: values must be int8 or uint8");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_nibbles_matmul, NibblesMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [..., cols]
+                                  .Arg<ffi::Buffer<ffi::U8>>()   // values [layers?, rows / 2, cols]
+                                  .Arg<ffi::AnyBuffer>()         // scale [layers?, rows, cols / 32] f16 | f32
+                                  .Arg<ffi::AnyBuffer>()         // offset, like scale, or empty
+                                  .Arg<ffi::AnyBuffer>()         // layer: int32 [] (or empty: no layer axis)
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // out [..., rows]
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_unpacked_matmul, UnpackedMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [..., cols]
+                                  .Arg<ffi::AnyBuffer>()         // values [layers?, rows, cols] s8 | u8
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // scale [layers?, rows, cols / group]
+                                  .Arg<ffi::AnyBuffer>()         // offset, like scale, or empty
+                                  .Arg<ffi::AnyBuffer>()         // layer: int32 [] (or empty)
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // out [..., rows]
+);
