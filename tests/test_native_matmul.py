@@ -68,6 +68,18 @@ def test_the_product_equals_the_dequantized_weights(cls, enc, lead):
     _close(jax.jit(lambda x, w: w.matmul(x, CPU))(x, w), jax.jit(lambda x, w: w.matmul(x, XLA))(x, w))
 
 
+@pytest.mark.parametrize("enc", [E.Q4_0, E.Q4_1, E.Q4_K])
+def test_the_two_layouts_give_bit_identical_products(enc):
+    """Both loops dequantize exactly and sum each lane in column order: the nibbles and unpacked
+    layouts of a weight are interchangeable bit for bit, one row or a batch."""
+    packed = jnp.asarray(_packed(enc, 64, 512))
+    nib, unp = NibbleArray.from_packed(enc, packed), UnpackedArray.from_packed(enc, packed)
+    for rows in (1, 9, 16):
+        x = RNG.standard_normal((rows, 512)).astype(np.float32)
+        a, b = jax.jit(kernels.quantized_matmul)(x, nib), jax.jit(kernels.quantized_matmul)(x, unp)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_the_real_models_weights():
     """Every quantized weight of the bundled SmolLM2 file that the kernel takes, in both layouts."""
     path = _smollm2_path()

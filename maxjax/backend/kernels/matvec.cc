@@ -91,7 +91,15 @@ inline V bytes16(const int8_t* p) {
 #error "maxjax's CPU kernels need AVX-512 (F, BW) or AVX2 with FMA"
 #endif
 
-// ---- scales, offsets and the activation sums they multiply ----------------------------------------
+// Activation rows one pass over the weight serves (their accumulators stay in registers: 32
+// vector registers with AVX-512, 16 with AVX2).
+#if defined(__AVX512F__)
+constexpr int kBatch = 8;
+#else
+constexpr int kBatch = 2;
+#endif
+
+// ---- scales and offsets ----------------------------------------------------------------------------
 inline void to_float(const uint16_t* s, float* d, int64_t n) {  // float16 -> float32
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
@@ -99,29 +107,13 @@ inline void to_float(const uint16_t* s, float* d, int64_t n) {  // float16 -> fl
 }
 inline void to_float(const float* s, float* d, int64_t n) { std::memcpy(d, s, n * sizeof(float)); }
 
-inline float dot(const float* a, const float* b, int64_t n) {
-  float r = 0.f;
-  for (int64_t i = 0; i < n; ++i) r += a[i] * b[i];
-  return r;
-}
-
-// sums[m, g] = sum of x[m, g*group : (g+1)*group]
-std::vector<float> group_sums(const float* x, int64_t rows, int64_t cols, int64_t group) {
-  const int64_t ng = cols / group;
-  std::vector<float> sums(rows * ng);
-  for (int64_t m = 0; m < rows; ++m)
-    for (int64_t g = 0; g < ng; ++g) {
-      V acc = vzero();
-      for (int64_t k = 0; k < group; k += 16) acc = vfma(vload(x + m * cols + g * group + k), vbcast(1.f), acc);
-      sums[m * ng + g] = vsum(acc);
-    }
-  return sums;
-}
-
 // ---- the loops ---------------------------------------------------------------------------------------
-// Rows of a nibbles weight, pairs [p0, p1), activation rows [m0, m0 + MB).
+// Rows of a nibbles weight, pairs [p0, p1), times activation rows [m0, m0 + MB): each 16 values
+// are dequantized once (scale * q + offset; scale * (q - 8), exact in float32, without an offset)
+// and feed MB products. Each output is a sum over 16 lanes, each lane's running sum in column
+// order, so the nibbles and unpacked layouts of a weight give bit-identical results.
 template <typename S, bool Offset, int MB>
-void nibble_pairs(const uint8_t* values, const S* scale, const S* offset, const float* x, const float* xsum,
+void nibble_pairs(const uint8_t* values, const S* scale, const S* offset, const float* x,
                   int64_t rows, int64_t cols, int64_t m0, int64_t p0, int64_t p1, float* out) {
   const int64_t nb = cols / 32;
   std::vector<float> buf(4 * nb);
@@ -133,6 +125,8 @@ void nibble_pairs(const uint8_t* values, const S* scale, const S* offset, const 
     if (Offset) {
       to_float(offset + 2 * p * nb, o0, nb);
       to_float(offset + (2 * p + 1) * nb, o1, nb);
+    } else {
+      for (int64_t b = 0; b < nb; ++b) o0[b] = -8.f * s0[b], o1[b] = -8.f * s1[b];
     }
     V acc0[MB], acc1[MB];
     for (int j = 0; j < MB; ++j) acc0[j] = acc1[j] = vzero();
@@ -140,55 +134,40 @@ void nibble_pairs(const uint8_t* values, const S* scale, const S* offset, const 
       V lo_a, hi_a, lo_b, hi_b;
       nibbles16(v + 32 * b, lo_a, hi_a);
       nibbles16(v + 32 * b + 16, lo_b, hi_b);
-      const V d0 = vbcast(s0[b]), d1 = vbcast(s1[b]);
+      const V d0 = vbcast(s0[b]), d1 = vbcast(s1[b]), c0 = vbcast(o0[b]), c1 = vbcast(o1[b]);
+      const V wa0 = vfma(lo_a, d0, c0), wb0 = vfma(lo_b, d0, c0), wa1 = vfma(hi_a, d1, c1), wb1 = vfma(hi_b, d1, c1);
       for (int j = 0; j < MB; ++j) {
         const float* xm = x + (m0 + j) * cols + 32 * b;
         const V xa = vload(xm), xb = vload(xm + 16);
-        acc0[j] = vfma(vfma(lo_b, xb, vmul(lo_a, xa)), d0, acc0[j]);
-        acc1[j] = vfma(vfma(hi_b, xb, vmul(hi_a, xa)), d1, acc1[j]);
+        acc0[j] = vfma(wb0, xb, vfma(wa0, xa, acc0[j]));
+        acc1[j] = vfma(wb1, xb, vfma(wa1, xa, acc1[j]));
       }
     }
     for (int j = 0; j < MB; ++j) {
-      const float* xs = xsum + (m0 + j) * nb;
-      float r0 = vsum(acc0[j]), r1 = vsum(acc1[j]);
-      if (Offset) {
-        r0 += dot(o0, xs, nb);
-        r1 += dot(o1, xs, nb);
-      } else {  // scale * (q - 8)
-        r0 -= 8.f * dot(s0, xs, nb);
-        r1 -= 8.f * dot(s1, xs, nb);
-      }
-      out[(m0 + j) * rows + 2 * p] = r0;
-      out[(m0 + j) * rows + 2 * p + 1] = r1;
+      out[(m0 + j) * rows + 2 * p] = vsum(acc0[j]);
+      out[(m0 + j) * rows + 2 * p + 1] = vsum(acc1[j]);
     }
   }
 }
 
-// Rows [r0, r1) of an unpacked weight (one byte per value), activation rows [m0, m0 + MB).
+// Rows [r0, r1) of an unpacked weight (one byte per value) times activation rows [m0, m0 + MB),
+// as nibble_pairs computes them.
 template <typename Q, bool Offset, int MB>
-void byte_rows(const Q* values, const float* scale, const float* offset, const float* x, const float* xsum,
-               int64_t rows, int64_t cols, int64_t group, int64_t m0, int64_t r0, int64_t r1, float* out) {
+void byte_rows(const Q* values, const float* scale, const float* offset, const float* x, int64_t rows,
+               int64_t cols, int64_t group, int64_t m0, int64_t r0, int64_t r1, float* out) {
   const int64_t ng = cols / group;
   for (int64_t r = r0; r < r1; ++r) {
     const Q* v = values + r * cols;
-    const float* s = scale + r * ng;
     V acc[MB];
     for (int j = 0; j < MB; ++j) acc[j] = vzero();
     for (int64_t g = 0; g < ng; ++g) {
-      V blk[MB];
-      for (int j = 0; j < MB; ++j) blk[j] = vzero();
+      const V d = vbcast(scale[r * ng + g]), c = vbcast(Offset ? offset[r * ng + g] : 0.f);
       for (int64_t k = g * group; k < (g + 1) * group; k += 16) {
-        const V q = bytes16(v + k);
-        for (int j = 0; j < MB; ++j) blk[j] = vfma(q, vload(x + (m0 + j) * cols + k), blk[j]);
+        const V w = Offset ? vfma(bytes16(v + k), d, c) : vmul(bytes16(v + k), d);
+        for (int j = 0; j < MB; ++j) acc[j] = vfma(w, vload(x + (m0 + j) * cols + k), acc[j]);
       }
-      const V d = vbcast(s[g]);
-      for (int j = 0; j < MB; ++j) acc[j] = vfma(blk[j], d, acc[j]);
     }
-    for (int j = 0; j < MB; ++j) {
-      float res = vsum(acc[j]);
-      if (Offset) res += dot(offset + r * ng, xsum + (m0 + j) * ng, ng);
-      out[(m0 + j) * rows + r] = res;
-    }
+    for (int j = 0; j < MB; ++j) out[(m0 + j) * rows + r] = vsum(acc[j]);
   }
 }
 
@@ -210,11 +189,12 @@ void parallel_for(ffi::ThreadPool& pool, int64_t n, F work) {
   while (pending.load(std::memory_order_acquire) > 0) _mm_pause();
 }
 
-// Activation rows go four at a time (each unpacked weight value feeds four products), then one.
-template <typename Rows4, typename Rows1>
-void over_rows(int64_t m_rows, Rows4 four, Rows1 one) {
+// Activation rows go kBatch at a time (each dequantized weight value feeds kBatch products),
+// the rest one at a time.
+template <typename Batch, typename One>
+void over_rows(int64_t m_rows, Batch batch, One one) {
   int64_t m = 0;
-  for (; m + 4 <= m_rows; m += 4) four(m);
+  for (; m + kBatch <= m_rows; m += kBatch) batch(m);
   for (; m < m_rows; ++m) one(m);
 }
 
@@ -238,12 +218,10 @@ ffi::Error check_dims(const char* what, int64_t cols, int64_t rows, int64_t out_
 template <typename S, bool Offset>
 void run_nibbles(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const uint8_t* values, const S* scale, const S* offset,
                  int64_t rows, int64_t cols, float* out) {
-  const std::vector<float> xsum = group_sums(x, m_rows, cols, 32);
-  const float* xs = xsum.data();
   parallel_for(pool, rows / 2, [&](int64_t p0, int64_t p1) {
     over_rows(
-        m_rows, [&](int64_t m) { nibble_pairs<S, Offset, 4>(values, scale, offset, x, xs, rows, cols, m, p0, p1, out); },
-        [&](int64_t m) { nibble_pairs<S, Offset, 1>(values, scale, offset, x, xs, rows, cols, m, p0, p1, out); });
+        m_rows, [&](int64_t m) { nibble_pairs<S, Offset, kBatch>(values, scale, offset, x, rows, cols, m, p0, p1, out); },
+        [&](int64_t m) { nibble_pairs<S, Offset, 1>(values, scale, offset, x, rows, cols, m, p0, p1, out); });
   });
 }
 
@@ -280,13 +258,10 @@ ffi::Error NibblesMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
 template <typename Q, bool Offset>
 void run_bytes(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const Q* values, const float* scale, const float* offset,
                int64_t rows, int64_t cols, int64_t group, float* out) {
-  std::vector<float> xsum;
-  if (Offset) xsum = group_sums(x, m_rows, cols, group);
-  const float* xs = xsum.data();
   parallel_for(pool, rows, [&](int64_t r0, int64_t r1) {
     over_rows(
-        m_rows, [&](int64_t m) { byte_rows<Q, Offset, 4>(values, scale, offset, x, xs, rows, cols, group, m, r0, r1, out); },
-        [&](int64_t m) { byte_rows<Q, Offset, 1>(values, scale, offset, x, xs, rows, cols, group, m, r0, r1, out); });
+        m_rows, [&](int64_t m) { byte_rows<Q, Offset, kBatch>(values, scale, offset, x, rows, cols, group, m, r0, r1, out); },
+        [&](int64_t m) { byte_rows<Q, Offset, 1>(values, scale, offset, x, rows, cols, group, m, r0, r1, out); });
   });
 }
 
