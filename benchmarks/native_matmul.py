@@ -64,7 +64,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rows_out = []
     for qtype, layout in WEIGHTS:
-        enc = QuantizationEncoding(qtype)
+        enc = QuantizationEncoding(qtype.upper())
         cls = NibbleArray if layout == "nibbles" else UnpackedArray
         for name, n, k in SHAPES:
             if name == "head" and qtype != "q4_0":

@@ -199,6 +199,34 @@ def test_without_a_compiler_the_products_stay_in_xla(tmp_path):
     assert "kernels are not used" in out.stdout and "no-such-c++" in out.stdout
 
 
+def test_the_avx2_code(tmp_path):
+    """The AVX2 build (what a CPU without AVX-512 gets), run here in a fresh process: products of
+    1 to 16 rows against the dequantized weights, in both layouts."""
+    if native_isa(CPU.cpu_features) is None:
+        pytest.skip("this CPU runs neither build")
+    code = textwrap.dedent(
+        """
+        import gguf, jax, jax.numpy as jnp, numpy as np
+        from maxjax.backend import kernels
+        from maxjax.graph.quantization import QuantizationEncoding as E
+        from maxjax.graph.quantization.arrays import NibbleArray, UnpackedArray
+        rng = np.random.default_rng(3)
+        for enc, cls in ((E.Q4_0, NibbleArray), (E.Q4_1, NibbleArray), (E.Q8_0, UnpackedArray), (E.Q4_1, UnpackedArray)):
+            w = cls.from_packed(enc, jnp.asarray(gguf.quantize(rng.standard_normal((64, 256)).astype(np.float32), enc.to_gguf())))
+            for rows in (1, 2, 3, 5, 16):
+                x = rng.standard_normal((rows, 256)).astype(np.float32)
+                want = x.astype(np.float64) @ np.asarray(w.dequantize(), np.float64).T
+                got = np.asarray(kernels.quantized_matmul(x, w), np.float64)
+                assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), (enc, cls, rows)
+        print("ok", kernels.library_path().name)
+        """
+    )
+    env = {**os.environ, "MAXJAX_KERNEL_MARCH": "haswell", "MAXJAX_CACHE_DIR": str(tmp_path), "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ok") and list((tmp_path / "kernels").glob("*.so"))
+
+
 def test_the_kernel_is_built_once_per_machine(tmp_path):
     """The library goes to the cache directory under a name keyed by source, compiler and CPU."""
     path = kernels.library_path()

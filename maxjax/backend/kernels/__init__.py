@@ -7,8 +7,9 @@ the same float32 arithmetic in a loop that unpacks 16 values per instruction, sp
 XLA's intra-op thread pool and takes a stacked weight's layer index as an operand (0.84 ms for the
 same weight, 10 GB/s). It is an XLA FFI custom call (https://docs.jax.dev/en/latest/ffi.html):
 compiled for the host on first use with the system's C++ compiler (``$CXX``, else ``c++``) and
-``-march=native``, cached under ``$MAXJAX_CACHE_DIR/kernels`` (default ``~/.cache/maxjax``),
-and registered with :func:`jax.ffi.register_ffi_target`.
+``-march=native`` (``$MAXJAX_KERNEL_MARCH`` names another target, e.g. ``haswell`` to build the
+AVX2 code on an AVX-512 machine), cached under ``$MAXJAX_CACHE_DIR/kernels`` (default
+``~/.cache/maxjax``), and registered with :func:`jax.ffi.register_ffi_target`.
 
 The backend policy decides when it runs (``native_matmul_max_rows``, see
 :mod:`maxjax.backend.policy`); :func:`available` says whether it can (an x86-64 CPU with AVX-512
@@ -58,10 +59,15 @@ def library_path(compiler: str | None = None) -> Path:
 
     cxx = compiler or os.environ.get("CXX") or "c++"
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), cxx.encode(), jaxlib.__version__.encode(), " ".join(sorted(cpu_features())).encode()):
+    parts = (SOURCE.read_bytes(), cxx.encode(), _march().encode(), jaxlib.__version__.encode(), " ".join(sorted(cpu_features())).encode())
+    for part in parts:
         key.update(part)
         key.update(b"\0")
     return _cache_dir() / f"maxjax_cpu_{key.hexdigest()[:16]}.so"
+
+
+def _march() -> str:
+    return os.environ.get("MAXJAX_KERNEL_MARCH") or "native"
 
 
 def _build(target: Path) -> None:
@@ -76,7 +82,7 @@ def _build(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [cxx, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp]
+    cmd = [cxx, "-O3", f"-march={_march()}", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -190,12 +191,14 @@ void parallel_for(ffi::ThreadPool& pool, int64_t n, F work) {
 }
 
 // Activation rows go kBatch at a time (each dequantized weight value feeds kBatch products),
-// the rest one at a time.
-template <typename Batch, typename One>
-void over_rows(int64_t m_rows, Batch batch, One one) {
+// the rest 4, 2 and 1 at a time: rows(m, std::integral_constant<int, MB>) runs rows [m, m + MB).
+template <typename Rows>
+void over_rows(int64_t m_rows, Rows rows) {
   int64_t m = 0;
-  for (; m + kBatch <= m_rows; m += kBatch) batch(m);
-  for (; m < m_rows; ++m) one(m);
+  for (; m + kBatch <= m_rows; m += kBatch) rows(m, std::integral_constant<int, kBatch>());
+  if (kBatch > 4 && m + 4 <= m_rows) rows(m, std::integral_constant<int, 4>()), m += 4;
+  if (kBatch > 2 && m + 2 <= m_rows) rows(m, std::integral_constant<int, 2>()), m += 2;
+  for (; m < m_rows; ++m) rows(m, std::integral_constant<int, 1>());
 }
 
 // The layer a scan step reads (clamped into [0, layers), as XLA's dynamic-slice clamps); 0 for
@@ -219,9 +222,7 @@ template <typename S, bool Offset>
 void run_nibbles(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const uint8_t* values, const S* scale, const S* offset,
                  int64_t rows, int64_t cols, float* out) {
   parallel_for(pool, rows / 2, [&](int64_t p0, int64_t p1) {
-    over_rows(
-        m_rows, [&](int64_t m) { nibble_pairs<S, Offset, kBatch>(values, scale, offset, x, rows, cols, m, p0, p1, out); },
-        [&](int64_t m) { nibble_pairs<S, Offset, 1>(values, scale, offset, x, rows, cols, m, p0, p1, out); });
+    over_rows(m_rows, [&](int64_t m, auto mb) { nibble_pairs<S, Offset, decltype(mb)::value>(values, scale, offset, x, rows, cols, m, p0, p1, out); });
   });
 }
 
@@ -259,9 +260,7 @@ template <typename Q, bool Offset>
 void run_bytes(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const Q* values, const float* scale, const float* offset,
                int64_t rows, int64_t cols, int64_t group, float* out) {
   parallel_for(pool, rows, [&](int64_t r0, int64_t r1) {
-    over_rows(
-        m_rows, [&](int64_t m) { byte_rows<Q, Offset, kBatch>(values, scale, offset, x, rows, cols, group, m, r0, r1, out); },
-        [&](int64_t m) { byte_rows<Q, Offset, 1>(values, scale, offset, x, rows, cols, group, m, r0, r1, out); });
+    over_rows(m_rows, [&](int64_t m, auto mb) { byte_rows<Q, Offset, decltype(mb)::value>(values, scale, offset, x, rows, cols, group, m, r0, r1, out); });
   });
 }
 
