@@ -152,15 +152,15 @@ def test_bad_input_names_the_fault():
 
 def test_the_policy_decides_by_rows_platform_and_cpu():
     w = NibbleArray.from_packed(E.Q4_0, jnp.asarray(_packed(E.Q4_0, 32, 64)))
-    assert [CPU.native_matmul(w, n) for n in (1, 16, 17)] == [True, True, False]
+    assert [CPU.native_matmul(w, n) for n in (1, 32, 33)] == [True, True, False]
     assert not policy_for("gpu").native_matmul(w, 1) and not policy_for("tpu").native_matmul(w, 1)
-    assert cpu_policy(frozenset({"avx512f", "avx512bw", "f16c"})).native_matmul_max_rows == 16
-    assert cpu_policy(frozenset({"avx2", "fma", "f16c"})).native_matmul_max_rows == 16
+    assert cpu_policy(frozenset({"avx512f", "avx512bw", "f16c"})).native_matmul_max_rows == 32
+    assert cpu_policy(frozenset({"avx2", "fma", "f16c"})).native_matmul_max_rows == 32
     assert cpu_policy(frozenset({"avx", "sse4_2"})).native_matmul_max_rows == 0
     assert native_isa(frozenset({"avx2", "fma"})) is None  # no F16C: the float16 scales need it
-    x = jnp.ones((17, 64), jnp.float32)  # more rows: XLA's product
+    x = jnp.ones((33, 64), jnp.float32)  # more rows: XLA's product
     assert "ffi_call" not in str(jax.make_jaxpr(lambda x: w.matmul(x, CPU))(x))
-    assert "ffi_call" in str(jax.make_jaxpr(lambda x: w.matmul(x[:16], CPU))(x))
+    assert "ffi_call" in str(jax.make_jaxpr(lambda x: w.matmul(x[:32], CPU))(x))
 
 
 def test_a_scanned_model_decodes_the_same_tokens(smollm2):
@@ -173,7 +173,7 @@ def test_a_scanned_model_decodes_the_same_tokens(smollm2):
     a = smollm2.generate([prompt, "Water boils at"], max_new_tokens=12)
     b = xla.generate([prompt, "Water boils at"], max_new_tokens=12)
     assert [g.token_ids for g in a] == [g.token_ids for g in b]
-    assert smollm2.program.policy.native_matmul_max_rows == 16 and xla.program.policy.native_matmul_max_rows == 0
+    assert smollm2.program.policy.native_matmul_max_rows == 32 and xla.program.policy.native_matmul_max_rows == 0
 
 
 def test_without_a_compiler_the_products_stay_in_xla(tmp_path):

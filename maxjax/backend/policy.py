@@ -30,14 +30,16 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   2-core AVX2 EPYC, ``benchmarks/int8.py``); others: 0 (never). The layout itself is only used
   when asked for (``quantized_layout="int8"``): it is not bit-identical to the file.
 - ``native_matmul_max_rows``: a quantized weight in the ``nibbles`` or ``unpacked`` layout that
-  multiplies 1 to this many input rows (decode, batched decode) runs in maxjax's CPU kernel
-  (:mod:`maxjax.backend.kernels`: the same float32 arithmetic, unpacked 16 values per instruction,
-  a stacked layer read in place) instead of XLA's fused dequantize-and-dot. 2-core AVX-512/AMX
-  Xeon, ``benchmarks/native_matmul.py``: Q4_0 ``[8192, 2048]`` one row 2.3 ms -> 0.95 ms, 16 rows
-  21 -> 9.7 ms; Q8_0 1.2 -> 0.9 ms. CPU: 16 where the CPU has AVX-512 (F, BW) or AVX2 with FMA
-  (the kernel is built for the host on first use; without a compiler the products stay in XLA,
-  after one warning); others: 0 (off). A ``Program`` whose weights span a mesh keeps XLA's
-  products (the SPMD partitioner cannot split a custom call).
+  multiplies 1 to this many input rows (decode, batched decode, a serving step) runs in maxjax's
+  CPU kernel (:mod:`maxjax.backend.kernels`: the same float32 arithmetic, unpacked 16 values per
+  instruction, a stacked layer read in place) instead of XLA's fused dequantize-and-dot. 2-core
+  AVX-512/AMX Xeon, ``benchmarks/results/native_matmul_avx512.txt``, a Q4_0 ``[8192, 2048]``
+  weight: 1 row 2.2 ms -> 0.94 ms, 2 rows 19 -> 1.5 ms, 16 rows 21 -> 6.2 ms, 32 rows 29 -> 12.5 ms
+  (1.2x to 17x over every weight and row count measured but one: Q8_0 ``[2048, 2048]`` at one row).
+  CPU: 32 where the CPU has AVX-512 (F, BW) or AVX2 with FMA and F16C (the kernel is built for the
+  host on first use; without a compiler the products stay in XLA, after one warning); others: 0
+  (off). A ``Program`` whose weights span a mesh keeps XLA's products (the SPMD partitioner cannot
+  split a custom call).
 - ``arithmetic``: what ``load_model(arithmetic="auto")`` runs: ``"float32"`` everywhere for now
   (the file's values exactly; ``"int8"`` is asked for explicitly, see ``int8_min_rows``).
 - ``grouped_attention``: when attention groups the query heads of each KV head instead of
@@ -313,7 +315,7 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
         dequant_row_chunk=4096,
         dequant_col_chunk=2048,
         int8_min_rows=16,
-        native_matmul_max_rows=16 if native_isa(flags) else 0,
+        native_matmul_max_rows=32 if native_isa(flags) else 0,
         grouped_attention="batched_decode",
         encoder_rows=32,
         layer_weights="per_layer",
