@@ -24,6 +24,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -172,22 +173,36 @@ void byte_rows(const Q* values, const float* scale, const float* offset, const f
   }
 }
 
-// Runs work(begin, end) over [0, n) split in contiguous parts, one per thread of XLA's pool (the
-// caller takes the first part and then waits for the others).
+// Runs work(begin, end) over [0, n) in contiguous chunks that the caller and XLA's pool threads
+// take from a shared counter: the caller works too, and waits only for chunks another thread has
+// started, so when the pool is busy (XLA runs independent thunks, e.g. gate_proj and up_proj,
+// at the same time) the caller does the work itself instead of waiting for a queued task. A task
+// that starts after all chunks are taken returns without touching `work` (the counters outlive
+// the call in a shared_ptr).
 template <typename F>
 void parallel_for(ffi::ThreadPool& pool, int64_t n, F work) {
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), n));
-  const int64_t chunk = (n + parts - 1) / parts;
-  std::atomic<int64_t> pending(parts - 1);
-  for (int64_t t = 1; t < parts; ++t) {
-    const int64_t a = t * chunk, e = std::min(n, a + chunk);
-    pool.Schedule([&work, &pending, a, e] {
-      if (a < e) work(a, e);
-      pending.fetch_sub(1, std::memory_order_release);
-    });
+  struct Counters {
+    std::atomic<int64_t> next{0}, done{0};
+  };
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t chunks = std::min<int64_t>(n, 8 * threads);
+  if (threads == 1 || chunks <= 1) {
+    work(0, n);
+    return;
   }
-  work(0, std::min(n, chunk));
-  while (pending.load(std::memory_order_acquire) > 0) _mm_pause();
+  const int64_t size = (n + chunks - 1) / chunks;
+  auto c = std::make_shared<Counters>();
+  auto run = [c, chunks, size, n, &work] {
+    for (int64_t i; (i = c->next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
+      work(i * size, std::min(n, (i + 1) * size));
+      c->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  for (int64_t t = 1; t < threads; ++t) pool.Schedule([c, chunks, run]() mutable {
+    if (c->next.load(std::memory_order_relaxed) < chunks) run();
+  });
+  run();
+  while (c->done.load(std::memory_order_acquire) < chunks) _mm_pause();
 }
 
 // Activation rows go kBatch at a time (each dequantized weight value feeds kBatch products),
