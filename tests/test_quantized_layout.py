@@ -98,6 +98,11 @@ def test_the_policy_picks_the_layout_from_the_cpu_features():
     gpu = policy_for("gpu")
     assert gpu.precision is None and gpu.compiler_options(np.float32) is None and gpu.quantized_layout == "unpacked"
     assert gpu.weight_left_max_rows == 0 and gpu.dequant_row_chunk == 0 and gpu.attention_grouped(16, 128, 3)
+    # attention: grouped query heads for one new token per row with AVX-512, for batched decode only without
+    avx512, avx2 = cpu_policy(frozenset({"avx2", "avx512f"})), cpu_policy(frozenset({"avx2", "fma"}))
+    assert [avx512.attention_grouped(b, s, 3) for b, s in ((1, 1), (8, 1), (1, 128), (8, 128))] == [True, True, False, False]
+    assert [avx2.attention_grouped(b, s, 3) for b, s in ((1, 1), (8, 1), (1, 128), (8, 128))] == [False, True, False, False]
+    assert not avx512.attention_grouped(8, 1, 1)  # one query head per KV head: nothing to group
     m = TinyLM(QuantizationEncoding.Q4_0)
     m.raw_state_dict()  # full names
     g = Graph("tiny", forward=m, input_types=[TensorType(DType.int32, ["batch", 3], DeviceRef.CPU())])
