@@ -31,6 +31,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ __all__ = ["available", "unavailable_reason", "supports", "quantized_matmul", "l
 #: the kernels' C++ source
 SOURCE = Path(__file__).with_name("matvec.cc")
 _TARGETS = ("maxjax_nibbles_matmul", "maxjax_unpacked_matmul")
+_LOCK = threading.Lock()  # one build and registration per process, whichever thread traces first
 
 
 def _cache_dir() -> Path:
@@ -54,7 +56,8 @@ def _cache_dir() -> Path:
 
 
 def library_path(compiler: str | None = None) -> Path:
-    """Where the built library for this source, compiler, CPU and jaxlib version is cached."""
+    """Where the built library for this source, compiler, target (``-march``), CPU and jaxlib
+    version is cached."""
     import jaxlib
 
     cxx = compiler or os.environ.get("CXX") or "c++"
@@ -94,9 +97,15 @@ def _build(target: Path) -> None:
             os.unlink(tmp)
 
 
-@functools.lru_cache(maxsize=None)
 def _load() -> str | None:
-    """Builds (once per machine) and registers the kernels; None, or why they cannot run."""
+    """Builds (once per machine) and registers the kernels (once per process); None, or why they
+    cannot run."""
+    with _LOCK:
+        return _load_once()
+
+
+@functools.lru_cache(maxsize=None)
+def _load_once() -> str | None:
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"the kernels are x86-64 Linux only (this is {platform.system()} {platform.machine()})"
     if native_isa(cpu_features()) is None:
