@@ -179,14 +179,18 @@ void byte_rows(const Q* values, const float* scale, const float* offset, const f
 // at the same time) the caller does the work itself instead of waiting for a queued task. A task
 // that starts after all chunks are taken returns without touching `work` (the counters outlive
 // the call in a shared_ptr).
+// Products of fewer than kSerialValues weight values x rows run on the caller alone: waking a
+// pool thread costs more than it saves there.
+constexpr int64_t kSerialValues = int64_t(1) << 18;
+
 template <typename F>
-void parallel_for(ffi::ThreadPool& pool, int64_t n, F work) {
+void parallel_for(ffi::ThreadPool& pool, int64_t n, int64_t values, F work) {
   struct Counters {
     std::atomic<int64_t> next{0}, done{0};
   };
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t chunks = std::min<int64_t>(n, 8 * threads);
-  if (threads == 1 || chunks <= 1) {
+  if (threads == 1 || chunks <= 1 || values < kSerialValues) {
     work(0, n);
     return;
   }
@@ -236,7 +240,7 @@ ffi::Error check_dims(const char* what, int64_t cols, int64_t rows, int64_t out_
 template <typename S, bool Offset>
 void run_nibbles(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const uint8_t* values, const S* scale, const S* offset,
                  int64_t rows, int64_t cols, float* out) {
-  parallel_for(pool, rows / 2, [&](int64_t p0, int64_t p1) {
+  parallel_for(pool, rows / 2, rows * cols * m_rows, [&](int64_t p0, int64_t p1) {
     over_rows(m_rows, [&](int64_t m, auto mb) { nibble_pairs<S, Offset, decltype(mb)::value>(values, scale, offset, x, rows, cols, m, p0, p1, out); });
   });
 }
@@ -274,7 +278,7 @@ ffi::Error NibblesMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
 template <typename Q, bool Offset>
 void run_bytes(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const Q* values, const float* scale, const float* offset,
                int64_t rows, int64_t cols, int64_t group, float* out) {
-  parallel_for(pool, rows, [&](int64_t r0, int64_t r1) {
+  parallel_for(pool, rows, rows * cols * m_rows, [&](int64_t r0, int64_t r1) {
     over_rows(m_rows, [&](int64_t m, auto mb) { byte_rows<Q, Offset, decltype(mb)::value>(values, scale, offset, x, rows, cols, group, m, r0, r1, out); });
   });
 }
