@@ -150,6 +150,18 @@ def test_bad_input_names_the_fault():
         kernels.quantized_matmul(jnp.ones((1, 64), jnp.float32), packed)
 
 
+def test_inconsistent_leaves_are_refused_by_the_kernel():
+    """Scales that do not cover the weight (a hand-built array): an error, never a read past a buffer."""
+    w = NibbleArray.from_packed(E.Q4_0, jnp.asarray(_packed(E.Q4_0, 32, 64)))
+    bad = NibbleArray(E.Q4_0, w.values, w.scale[:8], None)  # 8 rows of scales for 32 rows
+    with pytest.raises(Exception, match="scales or offsets of the wrong size"):
+        jax.block_until_ready(kernels.quantized_matmul(jnp.ones((1, 64), jnp.float32), bad))
+    u = UnpackedArray.from_packed(E.Q4_1, jnp.asarray(_packed(E.Q4_1, 32, 64)))
+    bad = UnpackedArray(E.Q4_1, u.values, u.scale, u.offset[:4])
+    with pytest.raises(Exception, match="scales or offsets of the wrong size"):
+        jax.block_until_ready(kernels.quantized_matmul(jnp.ones((2, 64), jnp.float32), bad))
+
+
 def test_the_policy_decides_by_rows_platform_and_cpu():
     w = NibbleArray.from_packed(E.Q4_0, jnp.asarray(_packed(E.Q4_0, 32, 64)))
     assert [CPU.native_matmul(w, n) for n in (1, 32, 33)] == [True, True, False]

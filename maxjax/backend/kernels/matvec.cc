@@ -220,13 +220,20 @@ void over_rows(int64_t m_rows, Rows rows) {
   for (; m < m_rows; ++m) rows(m, std::integral_constant<int, 1>());
 }
 
+// Layers of a weight with values `dims` (1 without a layer axis).
+template <typename Dims>
+int64_t layers_of(const Dims& dims) {
+  int64_t layers = 1;
+  for (size_t i = 0; i + 2 < dims.size(); ++i) layers *= dims[i];
+  return layers;
+}
+
 // The layer a scan step reads (clamped into [0, layers), as XLA's dynamic-slice clamps); 0 for
 // a weight without a layer axis (an empty `layer` operand).
 template <typename Dims>
 int64_t layer_of(ffi::AnyBuffer layer, const Dims& dims) {
   if (layer.element_count() == 0) return 0;
-  int64_t layers = 1;
-  for (size_t i = 0; i + 2 < dims.size(); ++i) layers *= dims[i];
+  const int64_t layers = layers_of(dims);
   const int64_t l = *reinterpret_cast<const int32_t*>(layer.untyped_data());
   return std::min<int64_t>(std::max<int64_t>(l, 0), layers - 1);
 }
@@ -234,6 +241,19 @@ int64_t layer_of(ffi::AnyBuffer layer, const Dims& dims) {
 ffi::Error check_dims(const char* what, int64_t cols, int64_t rows, int64_t out_rows, int64_t group) {
   if (cols <= 0 || cols % group || cols % 16 || rows <= 0 || rows != out_rows)
     return ffi::Error::InvalidArgument(std::string(what) + ": inconsistent shapes");
+  return ffi::Error::Success();
+}
+
+// Every layer's scales (and offsets, when given) must be there: `per_layer` values each, for as
+// many layers as the values have. Nothing is read past a buffer.
+// The offsets, when given, must have the scales' element type (`scale_type`).
+template <typename Scale>
+ffi::Error check_scales(const char* what, int64_t layers, int64_t per_layer, const Scale& scale, ffi::DataType scale_type,
+                        const ffi::AnyBuffer& offset) {
+  const int64_t want = layers * per_layer;
+  const bool has_offset = offset.element_count() != 0;
+  if (int64_t(scale.element_count()) != want || (has_offset && (int64_t(offset.element_count()) != want || offset.element_type() != scale_type)))
+    return ffi::Error::InvalidArgument(std::string(what) + ": scales or offsets of the wrong size or type");
   return ffi::Error::Success();
 }
 
@@ -252,6 +272,8 @@ ffi::Error NibblesMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
   const int64_t rows = 2 * vd[vd.size() - 2];
   if (vd.back() != cols) return ffi::Error::InvalidArgument("nibbles matmul: x and the weight disagree on columns");
   if (auto e = check_dims("nibbles matmul", cols, rows, out->dimensions().back(), 32); e.failure()) return e;
+  if (int64_t(out->element_count()) != m_rows * rows) return ffi::Error::InvalidArgument("nibbles matmul: the output's shape");
+  if (auto e = check_scales("nibbles matmul", layers_of(vd), rows * (cols / 32), scale, scale.element_type(), offset); e.failure()) return e;
   const int64_t l = layer_of(layer, vd);
   const uint8_t* v = values.typed_data() + l * (rows / 2) * cols;
   const int64_t ns = rows * (cols / 32), l_off = l * ns;
@@ -293,6 +315,8 @@ ffi::Error UnpackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::An
   const int64_t group = cols / sd.back();
   if (group % 16 || group * sd.back() != cols) return ffi::Error::InvalidArgument("unpacked matmul: groups must be a multiple of 16 values");
   if (auto e = check_dims("unpacked matmul", cols, rows, out->dimensions().back(), group); e.failure()) return e;
+  if (int64_t(out->element_count()) != m_rows * rows) return ffi::Error::InvalidArgument("unpacked matmul: the output's shape");
+  if (auto e = check_scales("unpacked matmul", layers_of(vd), rows * sd.back(), scale, ffi::F32, offset); e.failure()) return e;
   const int64_t l = layer_of(layer, vd);
   const int64_t nv = rows * cols, ns = rows * sd.back();
   const float* s = scale.typed_data() + l * ns;
