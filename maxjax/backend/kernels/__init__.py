@@ -1,11 +1,11 @@
 """maxjax's CPU kernels: products of a few activation rows with a quantized weight, read in place.
 
 XLA:CPU's fused dequantize-and-dot of a 4-bit weight and one activation row unpacks about 11 G
-values/s on two AVX-512 cores, well below memory speed (a Q4_0 ``[8192, 2048]`` weight: 1.8-1.9 ms,
-4.5 GB/s of nibbles), and it copies a stacked layer's slice before reading it. ``matvec.cc`` does
-the same float32 arithmetic in a loop that unpacks 16 values per instruction, splits the rows over
-XLA's intra-op thread pool and takes a stacked weight's layer index as an operand (0.84 ms for the
-same weight, 10 GB/s). It is an XLA FFI custom call (https://docs.jax.dev/en/latest/ffi.html):
+values/s on two AVX-512 cores, well below memory speed (a Q4_0 ``[8192, 2048]`` weight: 2.2 ms,
+4.3 GB/s, ``benchmarks/results/native_matmul_avx512.txt``), and it copies a stacked layer's slice
+before reading it. ``matvec.cc`` does the same float32 arithmetic in a loop that unpacks 16 values
+per instruction, splits the rows over XLA's intra-op thread pool and takes a stacked weight's
+layer index as an operand (0.94 ms for the same weight, 10.1 GB/s). It is an XLA FFI custom call (https://docs.jax.dev/en/latest/ffi.html):
 compiled for the host on first use with the system's C++ compiler (``$CXX``, else ``c++``) and
 ``-march=native`` (``$MAXJAX_KERNEL_MARCH`` names another target, e.g. ``haswell`` to build the
 AVX2 code on an AVX-512 machine), cached under ``$MAXJAX_CACHE_DIR/kernels`` (default
