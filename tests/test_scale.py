@@ -101,3 +101,41 @@ def test_unsupported_type_is_named_before_loading(tmp_path, monkeypatch):
     monkeypatch.setenv(MEMORY_ENV, str(path.stat().st_size + 1))  # too small to load: the type is named first
     with pytest.raises(ValueError, match=r"tensor 'blk\.1\.ffn_up\.weight' uses GGML type MXFP4, which maxjax cannot load"):
         load_model(path)
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The ``VmFlags`` of the mapping of this process that holds ``address`` (Linux smaps)."""
+    flags, inside = [], False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("VmFlags:"):
+            flags = line.split()[1:]
+    return flags
+
+
+def test_host_buffers_for_weights_take_huge_pages_and_jax_adopts_them():
+    import gc
+    import mmap
+
+    import jax
+
+    from maxjax.engine.placement import host_stack
+    from maxjax.graph.weights._host import aligned_empty
+
+    small = aligned_empty(1000)
+    assert small.ctypes.data % 64 == 0 and small.nbytes == 1000 and small.flags.writeable
+    layers = [np.full((1024, 1024), i, np.float32) for i in range(3)]  # 12 MiB: a huge-page buffer
+    stack = host_stack(layers)
+    assert stack.shape == (3, 1024, 1024) and stack.ctypes.data % 64 == 0 and not stack.flags.writeable
+    if hasattr(mmap, "MADV_HUGEPAGE") and Path("/proc/self/smaps").exists():
+        assert stack.ctypes.data % (2 << 20) == 0
+        assert "hg" in _vm_flags(stack.ctypes.data)  # advised MADV_HUGEPAGE
+    device = jax.device_put(stack)
+    assert device.unsafe_buffer_pointer() == stack.ctypes.data  # adopted, not copied
+    del stack, layers
+    gc.collect()  # the map lives as long as the array that JAX adopted
+    np.testing.assert_array_equal(np.asarray(device)[:, 0, 0], [0, 1, 2])
+    np.testing.assert_array_equal(np.asarray(device)[2, 1023, 1023], 2)

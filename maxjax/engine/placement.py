@@ -20,12 +20,10 @@ import numpy as np
 
 from maxjax.graph.quantization import to_layout
 from maxjax.graph.sharding import DeviceLayout
+from maxjax.graph.weights._host import aligned_empty
 from maxjax.graph.weights.lazy import host_indexable
 
 __all__ = ["host_stack", "place_layers", "place_sharded", "placement_report", "read_block"]
-
-_ALIGN = 64  # JAX's CPU client adopts (aliases) host buffers aligned to 64 bytes: no copy
-
 
 def _stored(value: Any) -> Any:
     """The array-like behind a registry value (a WeightData's data, a Buffer's array), unread."""
@@ -41,10 +39,7 @@ def _stored(value: Any) -> Any:
 
 def _aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    raw = np.empty(nbytes + _ALIGN, np.uint8)
-    start = (-raw.ctypes.data) % _ALIGN
-    return raw[start : start + nbytes].view(dtype).reshape(shape)
+    return aligned_empty(int(np.prod(shape)) * dtype.itemsize).view(dtype).reshape(shape)
 
 
 def _copy_into(out: np.ndarray, value: Any) -> None:

@@ -34,7 +34,7 @@ from jax import lax
 
 from maxjax.graph.quantization.encoding import GGUF_ENCODINGS, QuantizationEncoding, as_encoding
 
-__all__ = ["UNPACKERS", "check_packed", "combine", "dequantize", "unpack"]
+__all__ = ["Q4_BLOCK_ENCODINGS", "UNPACKERS", "check_packed", "combine", "dequantize", "q4_blocks", "unpack"]
 
 _E = QuantizationEncoding
 
@@ -97,14 +97,44 @@ def _f32(x: jax.Array) -> jax.Array:
     return x.astype(jnp.float32)
 
 
+#: where a block of the 32-value 4-bit formats keeps its 16 bytes of values (byte ``j``: value
+#: ``j`` in its low nibble, value ``j + 16`` in its high nibble): llama.cpp's ``block_q4_0`` (``d``,
+#: ``qs``) and ``block_q4_1`` (``d``, ``m``, ``qs``)
+_Q4_QS = {_E.Q4_0: slice(2, 18), _E.Q4_1: slice(4, 20)}
+
+
+def _q4_fields(enc: QuantizationEncoding, b: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """A Q4_0/Q4_1 block ``[..., bytes]`` as its value bytes ``qs [..., 16]`` (still packed) and
+    its scale ``d`` and offset ``m`` (float32 ``[...]``; ``m`` None for Q4_0)."""
+    return b[..., _Q4_QS[enc]], _f16(b[..., 0:2]), _f16(b[..., 2:4]) if enc == _E.Q4_1 else None
+
+
 def _unpack_q4_0(b: jax.Array):
-    q = _nibbles(b[..., 2:18]).reshape(*b.shape[:-1], 1, 32)
-    return q.astype(jnp.int8) - jnp.int8(8), _f16(b[..., 0:2])[..., None], None
+    qs, d, _ = _q4_fields(_E.Q4_0, b)
+    q = _nibbles(qs).reshape(*b.shape[:-1], 1, 32)
+    return q.astype(jnp.int8) - jnp.int8(8), d[..., None], None
 
 
 def _unpack_q4_1(b: jax.Array):
-    q = _nibbles(b[..., 4:20]).reshape(*b.shape[:-1], 1, 32)
-    return q, _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]
+    qs, d, m = _q4_fields(_E.Q4_1, b)
+    q = _nibbles(qs).reshape(*b.shape[:-1], 1, 32)
+    return q, d[..., None], m[..., None]
+
+
+#: the encodings :func:`q4_blocks` reads
+Q4_BLOCK_ENCODINGS = frozenset(_Q4_QS)
+
+
+def q4_blocks(encoding: QuantizationEncoding, packed: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """Rows of Q4_0 or Q4_1 blocks ``[..., bytes_per_row]`` with their 4-bit values left packed:
+    ``qs`` uint8 ``[..., blocks, 16]`` (byte ``j`` of a block holds its value ``j`` in the low
+    nibble and value ``j + 16`` in the high nibble, the file's order; Q4_0's values are ``q``,
+    0..15, before its ``- 8``), and ``scale``, ``offset`` float32 ``[..., blocks]`` (``offset``
+    None for Q4_0), as the unpackers read them. For layouts that move nibbles without widening
+    them to a byte each."""
+    *lead, row_bytes = packed.shape
+    bsize = encoding.block_parameters[1]
+    return _q4_fields(encoding, packed.reshape(*lead, row_bytes // bsize, bsize))
 
 
 def _unpack_q5_0(b: jax.Array):

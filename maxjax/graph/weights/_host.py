@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-__all__ = ["MappedFile", "to_device", "jax_holds_exactly"]
+__all__ = ["MappedFile", "aligned_empty", "to_device", "jax_holds_exactly"]
 
 _ALIGN = 64  # JAX's CPU client adopts host buffers aligned to 64 bytes without copying
 _CHUNK = 8 << 20  # bytes copied between two releases of the file's pages
@@ -138,7 +138,31 @@ def jax_holds_exactly(dtype: np.dtype) -> bool:
         return False
 
 
-def _aligned_empty(nbytes: int) -> np.ndarray:
+_HUGE_PAGE = 2 << 20  # x86-64's transparent huge page
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """A fresh, writable ``uint8`` host buffer of ``nbytes``, 64-byte aligned (so that JAX's CPU
+    client adopts it without a copy).
+
+    A buffer of 2 MiB or more is an anonymous memory map advised for transparent huge pages
+    (``madvise(MADV_HUGEPAGE)``, Linux) and 2 MiB aligned: its first write then faults once per
+    2 MiB rather than once per 4 KiB page. Those faults were most of the cost of copying a
+    weight out of a mapped file into a fresh buffer: 0.8 GB/s with 4 KiB pages, 4 GB/s with huge
+    pages (2-core Xeon, THP in ``madvise`` mode). Where the kernel gives no huge pages (THP
+    ``never``, another OS) it is an ordinary buffer.
+    """
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if nbytes >= _HUGE_PAGE and advice is not None:
+        try:
+            region = mmap.mmap(-1, nbytes + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            region.madvise(advice)
+        except (OSError, ValueError):  # pragma: no cover - an ordinary buffer below
+            pass
+        else:
+            raw = np.frombuffer(region, np.uint8)  # keeps the map alive as long as a view of it lives
+            start = (-raw.ctypes.data) % _HUGE_PAGE
+            return raw[start : start + nbytes]
     buf = np.empty(nbytes + _ALIGN, np.uint8)
     start = (-buf.ctypes.data) % _ALIGN
     return buf[start : start + nbytes]
@@ -178,7 +202,7 @@ def to_device(
         out.block_until_ready()
         mapped.release(offset, nbytes)
         return out
-    dst = _aligned_empty(nbytes)
+    dst = aligned_empty(nbytes)
     for start in range(0, nbytes, _CHUNK):
         stop = min(start + _CHUNK, nbytes)
         np.copyto(dst[start:stop], src[start:stop])
