@@ -126,9 +126,11 @@ def test_matmul_of_a_large_weight_in_row_blocks_matches():
 def test_matmul_of_long_rows_in_column_blocks_matches(layout):
     packed = _quantized(32, 8192, gguf.GGMLQuantizationType.Q4_0)  # Llama-3.2-1B down_proj's 8192 columns
     r = layout.from_packed(QuantizationEncoding.Q4_0, jax.numpy.asarray(packed))
-    cpu = policy_for("cpu")
+    cpu = cpu_policy(frozenset({"sse4_2"}))  # without maxjax's kernel: column blocks
     assert cpu.col_chunks(8192, 1) == 4 and cpu.col_chunks(8192, 8) == 1 and cpu.col_chunks(8192, 40) == 4
     assert cpu.col_chunks(2048, 1) == 1 and policy_for("gpu").col_chunks(8192, 1) == 1
+    for flags in ({"avx512f", "avx512bw", "f16c"}, {"avx2", "fma", "f16c"}):  # the kernel's CPUs: none
+        assert cpu_policy(frozenset(flags)).col_chunks(8192, 40) == 1
     w = np.asarray(dequantize(QuantizationEncoding.Q4_0, jax.numpy.asarray(packed)), np.float64)
     for lead in [(1,), (40,)]:  # in four column blocks on the CPU, whole on the GPU policy
         x = RNG.standard_normal((*lead, 8192)).astype(np.float32)
