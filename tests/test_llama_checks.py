@@ -297,3 +297,23 @@ def test_low_precision_hugging_face_weights_widen_on_read_to_the_same_model(tmp_
     lb = b.prefill(tokens, [5], *b.new_cache(1, 16))[1]
     np.testing.assert_array_equal(np.asarray(la), np.asarray(lb))
     assert a.generate(["the"], 6)[0].token_ids == b.generate(["the"], 6)[0].token_ids
+
+
+def test_a_bad_tokenizer_is_reported_before_a_failure_of_the_weights_built_beside_it(tmp_path, no_build):
+    """The tokenizer is built on a second thread while the weights are placed; its error still
+    comes first, as when it was built before anything else (here the module's build fails too)."""
+    meta = [(k, kind, "no-such-pre" if k == "tokenizer.ggml.pre" else v) for k, kind, v in L.gguf_metadata()]
+    _refused(_gguf(tmp_path, meta=meta), r"unsupported pre-tokenizer tokenizer\.ggml\.pre='no-such-pre'; supported: ")
+    with pytest.raises(AssertionError, match="a module was built"):  # a good tokenizer: the build's own error
+        load_model(_gguf(tmp_path, name="good-tokenizer.gguf"))
+
+
+def test_the_tokenizer_built_beside_the_weights_is_the_files(tmp_path):
+    from maxjax.tokenizer import Tokenizer
+
+    path = _gguf(tmp_path)
+    lm = load_model(path)
+    alone = Tokenizer.from_gguf(path)
+    for text in ("hello world", "hell\u00e9 <|im_end|> the"):
+        assert lm.tokenizer.encode(text) == alone.encode(text)
+    assert lm.tokenizer.eos_token_ids == alone.eos_token_ids
