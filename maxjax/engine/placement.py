@@ -25,6 +25,7 @@ from maxjax.graph.weights.lazy import host_indexable
 
 __all__ = ["host_stack", "place_layers", "place_sharded", "placement_report", "read_block"]
 
+
 def _stored(value: Any) -> Any:
     """The array-like behind a registry value (a WeightData's data, a Buffer's array), unread."""
     from maxjax.driver import Buffer
