@@ -319,15 +319,16 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
     """The CPU policy for a CPU with ``features`` (default: this machine's, see :func:`cpu_features`)."""
     flags = cpu_features() if features is None else frozenset(features)
     avx512 = "avx512f" in flags
+    kernel = native_isa(flags) is not None  # maxjax's CPU kernel builds for this CPU
     return BackendPolicy(
         platform="cpu",
         precision=lax.Precision.HIGHEST,
         quantized_layout="nibbles" if avx512 else "unpacked",
         weight_left_max_rows=16,
         dequant_row_chunk=4096,
-        dequant_col_chunk=0 if native_isa(flags) else 2048,
+        dequant_col_chunk=0 if kernel else 2048,
         int8_min_rows=16,
-        native_matmul_max_rows=32 if native_isa(flags) else 0,
+        native_matmul_max_rows=32 if kernel else 0,
         grouped_attention="decode" if avx512 else "batched_decode",
         encoder_rows=32,
         layer_weights="per_layer",

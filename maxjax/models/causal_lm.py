@@ -188,8 +188,9 @@ class CausalLM:
                 module = checkpoint.build(arch, config, arch.weights_from_gguf(weights, config), dtype, quantized=True)
                 lm = cls(module, config, None, dtype, progress, str(path), quantized_layout, policy, mesh, mesh_axes)
             except BaseException:
-                if building.exception() is not None:
-                    raise building.exception() from None
+                error = building.exception()  # waits for the tokenizer
+                if error is not None:
+                    raise error from None
                 raise
             lm.tokenizer = building.result()
         forget_reader(path)  # the model holds its weights and tokenizer: the parsed metadata can go
