@@ -109,6 +109,18 @@ inline void to_float(const uint16_t* s, float* d, int64_t n) {  // float16 -> fl
 }
 inline void to_float(const float* s, float* d, int64_t n) { std::memcpy(d, s, n * sizeof(float)); }
 
+// ---- prefetching ------------------------------------------------------------------------------------
+// The loops read a weight once, front to back, each thread its own contiguous rows; asking for the
+// cache line kPrefetch bytes ahead keeps more reads in flight than the hardware prefetcher does
+// (2-core AVX-512 Xeon, one activation row, a Q4_0 [48, 8192, 2048] stack read layer by layer:
+// 10.7 -> 13.0 GB/s, Q8_0 12.4 -> 16.4 GB/s; with 4 rows or more the loops are compute-bound and
+// it changes nothing measurable).
+constexpr int64_t kPrefetch = 2048;
+template <typename T>
+inline void prefetch(const T* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetch, _MM_HINT_T0);
+}
+
 // ---- the loops ---------------------------------------------------------------------------------------
 // Rows of a nibbles weight, pairs [p0, p1), times activation rows [m0, m0 + MB): each 16 values
 // are dequantized once (scale * q + offset; scale * (q - 8), exact in float32, without an offset)
@@ -133,6 +145,7 @@ void nibble_pairs(const uint8_t* values, const S* scale, const S* offset, const 
     V acc0[MB], acc1[MB];
     for (int j = 0; j < MB; ++j) acc0[j] = acc1[j] = vzero();
     for (int64_t b = 0; b < nb; ++b) {
+      if ((b & 1) == 0) prefetch(v + 32 * b);
       V lo_a, hi_a, lo_b, hi_b;
       nibbles16(v + 32 * b, lo_a, hi_a);
       nibbles16(v + 32 * b + 16, lo_b, hi_b);
@@ -165,6 +178,7 @@ void byte_rows(const Q* values, const float* scale, const float* offset, const f
     for (int64_t g = 0; g < ng; ++g) {
       const V d = vbcast(scale[r * ng + g]), c = vbcast(Offset ? offset[r * ng + g] : 0.f);
       for (int64_t k = g * group; k < (g + 1) * group; k += 16) {
+        if ((k & 63) == 0) prefetch(v + k);
         const V w = Offset ? vfma(bytes16(v + k), d, c) : vmul(bytes16(v + k), d);
         for (int j = 0; j < MB; ++j) acc[j] = vfma(w, vload(x + (m0 + j) * cols + k), acc[j]);
       }
