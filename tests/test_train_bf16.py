@@ -14,6 +14,7 @@ import pytest
 
 from maxjax import train
 from maxjax.backend.policy import cpu_policy, policy_for
+from maxjax.graph.layer_weights import StackBits
 from train_util import tiny_model, tokens
 
 #: the CPU policy with bfloat16 matmuls accepted (this test machine may have no bfloat16 dot units:
@@ -157,12 +158,24 @@ def test_frozen_bfloat16_stacks_are_scanned_as_their_bits_with_identical_steps()
     plain = train.Trainer(lora_model(), optax.adam(1e-2), trainable="*lora_*", policy=plain_policy, compute_dtype="bfloat16")
     batch = tokens(2, 9, seed=5)
     s1, s2 = bits.init(seed=0), plain.init(seed=0)
+    # the Trainer holds the stacks as their bits (converted once): the step slices them and
+    # widens each layer's slice, and never converts a whole stack
+    stacked = {e for e, w in bits._where.items() if w[0] == "stacked" and e in bits.frozen}
+    assert stacked and all(isinstance(bits.frozen[e], StackBits) and bits.frozen[e].bits.dtype == jnp.uint16 for e in stacked)
+    for e in stacked:
+        np.testing.assert_array_equal(np.asarray(bits.frozen[e].value()).view(np.uint16), np.asarray(plain.frozen[e]).view(np.uint16))
     jaxpr = str(jax.make_jaxpr(bits.logits)(s1.params, bits.frozen, jnp.asarray(batch[:, :-1])))
-    assert "bitcast_convert_type" in jaxpr and "uint16" in jaxpr
+    assert "bitcast_convert_type[new_dtype=bfloat16]" in jaxpr and "new_dtype=uint16" not in jaxpr
+    # a bfloat16 stack handed to logits is converted there
+    as_bf16 = {e: v.value() if isinstance(v, StackBits) else v for e, v in bits.frozen.items()}
+    assert "new_dtype=uint16" in str(jax.make_jaxpr(bits.logits)(s1.params, as_bf16, jnp.asarray(batch[:, :-1])))
     assert "bitcast_convert_type" not in str(jax.make_jaxpr(plain.logits)(s2.params, plain.frozen, jnp.asarray(batch[:, :-1])))
     for _ in range(2):
         (s1, m1), (s2, m2) = bits.step(s1, batch), plain.step(s2, batch)
         assert float(m1["loss"]) == float(m2["loss"])
     for k in s1.params:
         np.testing.assert_array_equal(np.asarray(s1.params[k]), np.asarray(s2.params[k]), err_msg=k)
-    assert {str(v.dtype) for v in jax.tree.leaves(bits.frozen)} == {"bfloat16"}  # stored as before
+    assert {str(v.dtype) for v in jax.tree.leaves(plain.frozen)} == {"bfloat16"}
+    assert bits.state_dict(s1).keys() == plain.state_dict(s2).keys()  # state_dict widens the bits back
+    for name, v in plain.state_dict(s2).items():
+        np.testing.assert_array_equal(np.asarray(bits.state_dict(s1)[name]), np.asarray(v), err_msg=name)
