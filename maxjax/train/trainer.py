@@ -136,6 +136,12 @@ class Trainer:
             trainable; a mesh without ``data_axis``; an unknown ``compute_dtype``;
             ``"bfloat16"`` on a platform whose policy has no native bfloat16 matmul (a CPU
             without ``avx512_bf16``/``amx_bf16``).
+
+    Attributes:
+        frozen: the frozen weights by state entry name, as the step takes them (placed on its
+            devices): arrays, or, for bfloat16 stacks where the policy says
+            (``bfloat16_stack_bits``), :class:`~maxjax.graph.layer_weights.StackBits` holding their
+            bit patterns (:meth:`state_dict` gives them back as bfloat16).
     """
 
     def __init__(
