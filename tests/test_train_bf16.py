@@ -176,6 +176,8 @@ def test_frozen_bfloat16_stacks_are_scanned_as_their_bits_with_identical_steps()
     for k in s1.params:
         np.testing.assert_array_equal(np.asarray(s1.params[k]), np.asarray(s2.params[k]), err_msg=k)
     assert {str(v.dtype) for v in jax.tree.leaves(plain.frozen)} == {"bfloat16"}
-    assert bits.state_dict(s1).keys() == plain.state_dict(s2).keys()  # state_dict widens the bits back
-    for name, v in plain.state_dict(s2).items():
-        np.testing.assert_array_equal(np.asarray(bits.state_dict(s1)[name]), np.asarray(v), err_msg=name)
+    got, want = bits.state_dict(s1), plain.state_dict(s2)
+    assert got.keys() == want.keys()  # state_dict widens the bits back
+    for name, v in want.items():
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(v), err_msg=name)
+    assert bits.trained_weights(s1).keys() == plain.trained_weights(s2).keys() == set(bits.trainable_names)

@@ -243,9 +243,13 @@ class Trainer:
                 self._initial[e] = m
         self.frozen = self._place({e: v for e, v in values.items() if e not in self._initial})
         if self.program.policy.bfloat16_stack_bits:  # frozen bfloat16 stacks kept as their bits (see logits)
-            for e, v in self.frozen.items():
-                if self._where[e][0] == "stacked" and isinstance(v, jax.Array) and v.dtype == jnp.bfloat16:
+            for e in list(self.frozen):
+                v, where = self.frozen[e], self._where[e]
+                if where[0] == "stacked" and isinstance(v, jax.Array) and v.dtype == jnp.bfloat16:
+                    values.pop(e, None)  # the last other reference: one stack is held twice at a time
+                    prepared["stacked"][where[1]].pop(where[2], None)
                     self.frozen[e] = _as_bits(v)  # one copy now, and none at each step
+                del v
         self.num_compiles = 0
         #: seconds each compiled batch shape took to compile, by ``(batch, seq + 1)``
         self.compile_seconds: dict[tuple[int, ...], float] = {}
@@ -305,7 +309,7 @@ class Trainer:
     def trained_weights(self, state: TrainState) -> dict[str, jax.Array]:
         """The trainable weights only, by registry name (``module.load_state_dict(...,
         strict=False)`` takes them)."""
-        full = self.state_dict(state)
+        full = self.program.unstack(self._program_state(state.params, {}))
         return {n: full[n] for n in self.trainable_names}
 
     def _program_state(self, params: Mapping[str, Any], frozen: Mapping[str, Any]) -> dict[str, Any]:

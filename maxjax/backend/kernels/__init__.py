@@ -6,8 +6,10 @@ values/s on two AVX-512 cores, well below memory speed (a Q4_0 ``[8192, 2048]`` 
 before reading it. ``matvec.cc`` does the same float32 arithmetic in a loop that unpacks 16 values
 per instruction, prefetches the weight 2 KiB ahead, splits the rows over XLA's intra-op thread
 pool and takes a stacked weight's layer index as an operand (0.94 ms for the same weight, 10.1
-GB/s, before the prefetch; with it, a Q4_0 stack larger than the cache read layer by layer went
-from 10.7 to 13.0 GB/s, and Llama-3.2-1B Q4_0 decodes 24% faster). It is an XLA FFI custom call (https://docs.jax.dev/en/latest/ffi.html):
+GB/s, before the prefetch; with it, in an interleaved A/B for commit c520cfd, a Q4_0 stack larger
+than the cache read layer by layer at one row went from 10.7 to 13.0 GB/s and Llama-3.2-1B Q4_0's
+batch-1 decode rose 24%; ``benchmarks/results/scale_avx512.txt`` has the decode against llama.cpp
+before and after). It is an XLA FFI custom call (https://docs.jax.dev/en/latest/ffi.html):
 compiled for the host on first use with the system's C++ compiler (``$CXX``, else ``c++``) and
 ``-march=native`` (``$MAXJAX_KERNEL_MARCH`` names another target, e.g. ``haswell`` to build the
 AVX2 code on an AVX-512 machine), cached under ``$MAXJAX_CACHE_DIR/kernels`` (default
