@@ -78,12 +78,6 @@ class TrainState(NamedTuple):
     rng: jax.Array
 
 
-@jax.jit
-def _as_bits(stack: jax.Array) -> StackBits:
-    """The bits of a bfloat16 stack (a jitted bitcast: placed as ``stack`` is)."""
-    return StackBits.of(stack)
-
-
 def next_token_loss(logits: jax.Array, tokens: jax.Array, mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Mean cross-entropy of predicting ``tokens[:, 1:]`` from ``logits [batch, seq, vocab]`` of
     ``tokens[:, :-1]`` (in nats per token), over positions where ``mask [batch, seq]`` is nonzero.
@@ -242,14 +236,14 @@ class Trainer:
                     m = v.astype(jnp.float32)
                 self._initial[e] = m
         self.frozen = self._place({e: v for e, v in values.items() if e not in self._initial})
-        if self.program.policy.bfloat16_stack_bits:  # frozen bfloat16 stacks kept as their bits (see logits)
-            for e in list(self.frozen):
-                v, where = self.frozen[e], self._where[e]
-                if where[0] == "stacked" and isinstance(v, jax.Array) and v.dtype == jnp.bfloat16:
-                    values.pop(e, None)  # the last other reference: one stack is held twice at a time
-                    prepared["stacked"][where[1]].pop(where[2], None)
-                    self.frozen[e] = _as_bits(v)  # one copy now, and none at each step
-                del v
+        for e in list(self.frozen):  # frozen bfloat16 stacks kept as their bits (see logits)
+            v = self.frozen[e]
+            if self._scanned_as_bits(e, v):
+                where = self._where[e]
+                values.pop(e, None)  # the last other reference: one stack is held twice at a time
+                prepared["stacked"][where[1]].pop(where[2], None)
+                self.frozen[e] = StackBits.of(v)  # one copy now, and none at each step
+            del v
         self.num_compiles = 0
         #: seconds each compiled batch shape took to compile, by ``(batch, seq + 1)``
         self.compile_seconds: dict[tuple[int, ...], float] = {}
@@ -312,6 +306,16 @@ class Trainer:
         full = self.program.unstack(self._program_state(state.params, {}))
         return {n: full[n] for n in self.trainable_names}
 
+    def _scanned_as_bits(self, entry: str, v: Any) -> bool:
+        """Whether the frozen value ``v`` of ``entry`` goes through the layer scan as its bits: a
+        bfloat16 stack, where the policy says (``bfloat16_stack_bits``)."""
+        return (
+            self.program.policy.bfloat16_stack_bits
+            and self._where[entry][0] == "stacked"
+            and isinstance(v, jax.Array)
+            and v.dtype == jnp.bfloat16
+        )
+
     def _program_state(self, params: Mapping[str, Any], frozen: Mapping[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"weights": {}, "stacked": [{} for _ in self.program.chains]}
         for entry, v in (*params.items(), *frozen.items()):
@@ -336,11 +340,10 @@ class Trainer:
         if self.compute_dtype == "bfloat16":
             params = jax.tree.map(lambda a: a.astype(jnp.bfloat16), params)
         state = self._program_state(params, frozen)
-        if self.program.policy.bfloat16_stack_bits:  # frozen bfloat16 stacks sliced as their bits
-            for entry, v in frozen.items():
+        for entry, v in frozen.items():  # frozen bfloat16 stacks sliced as their bits
+            if self._scanned_as_bits(entry, v):
                 where = self._where[entry]
-                if where[0] == "stacked" and isinstance(v, jax.Array) and v.dtype == jnp.bfloat16:
-                    state["stacked"][where[1]][where[2]] = StackBits.of(v)
+                state["stacked"][where[1]][where[2]] = StackBits.of(v)
         return self.program.apply(state, tokens)[0]
 
     def _loss_fn(self, params: Any, frozen: Any, tokens: jax.Array, mask: Any) -> tuple[jax.Array, jax.Array]:
