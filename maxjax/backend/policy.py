@@ -45,6 +45,12 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   host on first use; without a compiler the products stay in XLA, after one warning); others: 0
   (off). A ``Program`` whose weights span a mesh keeps XLA's products (the SPMD partitioner cannot
   split a custom call).
+- ``host_layout_conversion``: GGUF blocks that only need a reshuffle into the run-time layout
+  (Q4_0 and Q4_1 into ``nibbles``; Q4_0, Q4_1 and Q8_0 into ``unpacked``) are converted on the host
+  by maxjax's kernel library as they are read out of the mapped file (one pass over the bytes, no
+  XLA program to compile, see :mod:`maxjax.backend.kernels.layouts`), instead of being copied out
+  and rewritten by an XLA program on the device. CPU where the kernels build: True (the device
+  buffers then adopt the host buffers); others: False (XLA converts on the device).
 - ``arithmetic``: what ``load_model(arithmetic="auto")`` runs: ``"float32"`` everywhere for now
   (the file's values exactly; ``"int8"`` is asked for explicitly, see ``int8_min_rows``).
 - ``grouped_attention``: when attention groups the query heads of each KV head instead of
@@ -137,6 +143,8 @@ class BackendPolicy:
         int8_min_rows: fewest input rows an ``int8``-layout weight multiplies with int8 dots (0: never).
         native_matmul_max_rows: most input rows a quantized weight multiplies in maxjax's CPU
             kernel (0: never).
+        host_layout_conversion: GGUF blocks are converted to the run-time layout on the host
+            where the layout allows (see above).
         arithmetic: ``"float32"`` or ``"int8"``, what ``arithmetic="auto"`` means.
         grouped_attention: ``"always"``, ``"decode"``, ``"batched_decode"`` or ``"never"``.
         encoder_rows: most rows in one compiled encoder pass (at least 1).
@@ -165,6 +173,7 @@ class BackendPolicy:
     dequant_col_chunk: int = 0
     int8_min_rows: int = 0
     native_matmul_max_rows: int = 0
+    host_layout_conversion: bool = False
     arithmetic: str = "float32"
     grouped_attention: str = "always"
     encoder_rows: int = 256
@@ -329,6 +338,7 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
         dequant_col_chunk=0 if kernel else 2048,
         int8_min_rows=16,
         native_matmul_max_rows=32 if kernel else 0,
+        host_layout_conversion=kernel,
         grouped_attention="decode" if avx512 else "batched_decode",
         encoder_rows=32,
         layer_weights="per_layer",

@@ -23,7 +23,7 @@ from maxjax.graph.sharding import DeviceLayout
 from maxjax.graph.weights._host import aligned_empty
 from maxjax.graph.weights.lazy import host_indexable
 
-__all__ = ["host_stack", "place_layers", "place_sharded", "placement_report", "read_block"]
+__all__ = ["host_layout", "host_stack", "place_layers", "place_sharded", "placement_report", "read_block"]
 
 
 def _stored(value: Any) -> Any:
@@ -91,17 +91,24 @@ def host_stack(values: Sequence[Any], transform: Any = None) -> np.ndarray:
 
 
 def place_layers(values: Sequence[Any], target: Any, *, stacked: bool, transform: Any = None, encoding: Any = None,
-                 quantized_layout: str | None = None) -> Any:  # fmt: skip
+                 quantized_layout: str | None = None, host_conversion: bool = False) -> Any:  # fmt: skip
     """One weight's value (or, ``stacked``, its layers' values stacked) on ``target`` (a device,
     or None for the default one), with one copy of the stored bytes (see :func:`host_stack`).
 
     A GGUF-quantized weight (``encoding``) is then converted to ``quantized_layout`` on the device
-    (the stacked bytes are adopted, not copied, before the conversion); a value that needs neither
-    stacking nor a transform and is already a device array stays as it is.
+    (the stacked bytes are adopted, not copied, before the conversion), or, with
+    ``host_conversion`` (the backend policy's ``host_layout_conversion``) where the encoding and
+    layout allow it, converted on the host as it is read, straight into the buffers the device
+    adopts (:func:`host_layout`). A value that needs neither stacking nor a transform and is
+    already a device array stays as it is.
 
     Returns:
         A ``jax.Array``, or a :class:`~maxjax.graph.quantization.QuantizedArray`.
     """
+    if host_conversion and encoding is not None and transform is None:
+        converted = host_layout(values, encoding, quantized_layout, stacked=stacked)
+        if converted is not None:
+            return jax.device_put(converted, target)  # adopted on the CPU: aligned and read-only
     stored = _stored(values[0])
     if not stacked and transform is None and encoding is None and isinstance(stored, jax.Array):
         return stored if target is None else jax.device_put(stored, target)
@@ -123,6 +130,55 @@ def place_layers(values: Sequence[Any], target: Any, *, stacked: bool, transform
     # asynchronous dispatch every weight's stored stack would otherwise wait, alive, beside its
     # converted one (Llama-3.2-1B Q4_0: 300 MB more at the peak of the load).
     return jax.block_until_ready(to_layout(quantized_layout, encoding, device))
+
+
+def host_layout(values: Sequence[Any], encoding: Any, layout: str | None, *, stacked: bool) -> Any:
+    """A GGUF-quantized weight (or, ``stacked``, its layers stacked) in ``layout``, converted on
+    the host straight from its stored blocks (:mod:`maxjax.backend.kernels.layouts`) into fresh
+    64-byte aligned, read-only NumPy leaves that ``jax.device_put`` adopts on the CPU; each layer's
+    pages of a mapped file are dropped from the resident set once it is converted. As for
+    :func:`~maxjax.graph.quantization.to_layout`, a weight the layout cannot take (``nibbles`` of
+    Q8_0, or of an odd number of rows) takes ``unpacked``.
+
+    Returns:
+        A :class:`~maxjax.graph.quantization.QuantizedArray` with NumPy leaves, or None where the
+        host does not convert this encoding to this layout (the caller converts on the device).
+    """
+    from maxjax.backend.kernels import layouts
+    from maxjax.driver import to_host_array
+    from maxjax.graph.quantization import LAYOUTS, as_encoding
+    from maxjax.graph.weights.lazy import LazyTensor
+
+    enc = as_encoding(encoding)
+    stored = [_stored(v) for v in values]
+    shape = tuple(int(d) for d in enc.logical_shape(stored[0].shape))
+    if len(shape) != 2 or shape[1] % 32:
+        return None
+    rows, cols = shape
+    if layout in LAYOUTS and not LAYOUTS[layout].supports(enc, shape):
+        layout = "unpacked"  # as to_layout does (nibbles of Q8_0, or of an odd number of rows)
+    if layout is None or not layouts.converts(layout, enc.value):
+        return None
+    sources = []
+    for s in stored:
+        if isinstance(s, LazyTensor) and s.dtype == s.stored_dtype:
+            sources.append(s.source())
+        else:
+            sources.append((np.ascontiguousarray(to_host_array(s)), None))
+    spec = layouts.layout_shapes(layout, enc.value, rows, cols)
+    leaves = {k: None if v is None else _aligned_empty((len(stored), *v[0]), v[1]) for k, v in spec.items()}
+
+    def done(i: int) -> None:
+        if isinstance(stored[i], LazyTensor):
+            stored[i].done_reading()
+
+    layouts.convert_layers(layout, enc.value, sources, leaves["values"], leaves["scale"], leaves["offset"], on_layer_done=done)
+    for a in leaves.values():
+        if a is not None:
+            a.flags.writeable = False
+    if not stacked:
+        leaves = {k: None if a is None else a[0] for k, a in leaves.items()}
+    return LAYOUTS[layout](enc, leaves["values"], leaves["scale"], leaves["offset"])
 
 
 def read_block(value: Any, layout: DeviceLayout | None, index: Sequence[slice]) -> np.ndarray:

@@ -46,10 +46,13 @@ import numpy as np
 
 from maxjax.backend.cpu import cpu_features, native_isa
 
-__all__ = ["available", "unavailable_reason", "supports", "quantized_matmul", "library_path", "SOURCE"]
+__all__ = ["available", "unavailable_reason", "supports", "quantized_matmul", "library", "library_path", "SOURCE", "SOURCES"]
 
 #: the kernels' C++ source
 SOURCE = Path(__file__).with_name("matvec.cc")
+#: every C++ source built into the library: the matmul kernels and the host layout conversions
+#: (:mod:`maxjax.backend.kernels.layouts`)
+SOURCES = (SOURCE, Path(__file__).with_name("layouts.cc"))
 _TARGETS = ("maxjax_nibbles_matmul", "maxjax_unpacked_matmul")
 _LOCK = threading.Lock()  # one build and registration per process, whichever thread traces first
 
@@ -66,7 +69,7 @@ def library_path(compiler: str | None = None) -> Path:
 
     cxx = compiler or os.environ.get("CXX") or "c++"
     key = hashlib.sha256()
-    parts = (SOURCE.read_bytes(), cxx.encode(), _march().encode(), jaxlib.__version__.encode(), " ".join(sorted(cpu_features())).encode())
+    parts = (*(src.read_bytes() for src in SOURCES), cxx.encode(), _march().encode(), jaxlib.__version__.encode(), " ".join(sorted(cpu_features())).encode())
     for part in parts:
         key.update(part)
         key.update(b"\0")
@@ -78,7 +81,7 @@ def _march() -> str:
 
 
 def _build(target: Path) -> None:
-    """Compiles :data:`SOURCE` into ``target`` (atomically: a temporary file renamed into place).
+    """Compiles :data:`SOURCES` into ``target`` (atomically: a temporary file renamed into place).
 
     Raises:
         RuntimeError: no compiler, or the compiler's error output (its last lines).
@@ -89,12 +92,12 @@ def _build(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [cxx, "-O3", f"-march={_march()}", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp]
+    cmd = [cxx, "-O3", f"-march={_march()}", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{jax.ffi.include_dir()}", *map(str, SOURCES), "-o", tmp]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
-            raise RuntimeError(f"{cxx} failed to build {SOURCE.name}:\n{tail}")
+            raise RuntimeError(f"{cxx} failed to build {', '.join(src.name for src in SOURCES)}:\n{tail}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -105,11 +108,31 @@ def _load() -> str | None:
     """Builds (once per machine) and registers the kernels (once per process); None, or why they
     cannot run."""
     with _LOCK:
-        return _load_once()
+        return _load_once()[1]
+
+
+def library() -> ctypes.CDLL | None:
+    """The built library (its plain C functions are called through ``ctypes``), or None where the
+    kernels cannot run (:func:`unavailable_reason` says why)."""
+    with _LOCK:
+        return _load_once()[0]
 
 
 @functools.lru_cache(maxsize=None)
-def _load_once() -> str | None:
+def _load_once() -> tuple[ctypes.CDLL | None, str | None]:
+    handle, reason = None, _load_reason()
+    if reason is None:
+        try:
+            handle = ctypes.cdll.LoadLibrary(str(library_path()))
+            for name in _TARGETS:
+                jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(handle, name)), platform="cpu")
+        except (OSError, AttributeError) as e:
+            handle, reason = None, str(e)
+    return handle, reason
+
+
+def _load_reason() -> str | None:
+    """None once the library is built (or found built) for this host, else why it cannot be."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"the kernels are x86-64 Linux only (this is {platform.system()} {platform.machine()})"
     if native_isa(cpu_features()) is None:
@@ -118,10 +141,7 @@ def _load_once() -> str | None:
     try:
         if not lib.exists():
             _build(lib)
-        handle = ctypes.cdll.LoadLibrary(str(lib))
-        for name in _TARGETS:
-            jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(handle, name)), platform="cpu")
-    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         return str(e)
     return None
 

@@ -75,6 +75,104 @@ class _Problem(Exception):
 _DTYPES: dict[Any, np.dtype] = {}
 
 
+class _ArrayParts:
+    """The parts of an array field as ``gguf.ReaderField.parts`` lists them (a sequence of NumPy
+    views of the file: ``head``, then the entries'), each entry's made when it is asked for, so
+    that opening a file with a 400k-entry vocabulary makes no 800k arrays."""
+
+    __slots__ = ("head",)
+    per_entry = 1
+
+    def __init__(self, head: list[np.ndarray]):
+        self.head = head
+
+    def __len__(self) -> int:
+        return len(self.head) + self.per_entry * self.count
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = int(i)
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"part {i} of {len(self)}")
+        h = len(self.head)
+        return self.head[i] if i < h else self._entry_part(i - h)
+
+    def __iter__(self) -> Any:
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def count(self) -> int:
+        """The number of entries."""
+        raise NotImplementedError
+
+    def _entry_part(self, j: int) -> np.ndarray:
+        raise NotImplementedError
+
+
+class _NumberParts(_ArrayParts):
+    """``[..., one 1-element array per entry]`` of an array of numbers held as one view."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, head: list[np.ndarray], values: np.ndarray):
+        super().__init__(head)
+        self.values = values
+
+    @property
+    def count(self) -> int:
+        return int(self.values.shape[0])
+
+    def _entry_part(self, j: int) -> np.ndarray:
+        return self.values[j : j + 1]
+
+    def contents(self, index_or_slice: Any) -> Any:
+        return self.values[index_or_slice].tolist()
+
+
+class _StringParts(_ArrayParts):
+    """``[..., (uint64 length, uint8 bytes) per entry]`` of an array of strings, from where each
+    string starts in the file and its length."""
+
+    __slots__ = ("plain", "starts", "lengths", "_strings")
+    per_entry = 2
+
+    def __init__(self, head: list[np.ndarray], plain: np.ndarray, starts: np.ndarray, lengths: np.ndarray):
+        super().__init__(head)
+        self.plain, self.starts, self.lengths = plain, starts, lengths
+        self._strings: list[str] | None = None
+
+    @property
+    def count(self) -> int:
+        return int(self.starts.shape[0])
+
+    def _entry_part(self, j: int) -> np.ndarray:
+        k, is_bytes = divmod(j, 2)
+        start = int(self.starts[k])
+        if is_bytes:
+            return self.plain[start : start + int(self.lengths[k])]
+        return self.plain[start - 8 : start].view(np.uint64)
+
+    def contents(self, index_or_slice: Any) -> Any:
+        if self._strings is None:  # decoded once, in one pass (UTF-8, strict: as the package does)
+            raw = memoryview(self.plain)
+            self._strings = [str(raw[s : s + n], "utf-8") for s, n in zip(self.starts.tolist(), self.lengths.tolist())]
+        out = self._strings[index_or_slice]
+        return out if isinstance(out, str) else list(out)
+
+
+class _ArrayField(gguf.ReaderField):
+    """A ``gguf.ReaderField`` of an array whose parts are an :class:`_ArrayParts`: ``contents``
+    gives what the package's gives, decoded in one pass."""
+
+    __slots__ = ()
+
+    def contents(self, index_or_slice: Any = slice(None)) -> Any:
+        return self.parts.contents(index_or_slice)
+
+
 class _CheckedReader(gguf.GGUFReader):
     """``gguf.GGUFReader`` with bounds checks on header reads and tensor data (see module doc).
 
@@ -111,12 +209,35 @@ class _CheckedReader(gguf.GGUFReader):
         order = self.byte_order if override_order is None else override_order
         return arr if order == "I" else arr.view(dt.newbyteorder(order))
 
-    def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple[int, list[np.ndarray], list[int], list[Any]]:
+    def _build_fields(self, offs: int, count: int) -> int:
+        # gguf.GGUFReader._build_fields, except that an array read by the passes below keeps its
+        # parts as an _ArrayParts (made on demand) in an _ArrayField (whose contents decode in one
+        # pass): the same fields, parts, data indices and types.
+        for _ in range(count):
+            orig_offs = offs
+            kv_klen, kv_kdata = self._get_str(offs)
+            offs += int(kv_klen.nbytes + kv_kdata.nbytes)
+            raw_kv_type = self._get(offs, np.uint32)
+            offs += int(raw_kv_type.nbytes)
+            head = [kv_klen, kv_kdata, raw_kv_type]
+            field_size, field_parts, field_idxs, field_types = self._get_field_parts(offs, raw_kv_type[0])
+            name = str(bytes(kv_kdata), encoding="utf-8")
+            if isinstance(field_parts, _ArrayParts):
+                field_parts.head[:0] = head
+                data = list(range(field_idxs.start + len(head), field_idxs.stop + len(head), field_idxs.step))
+                field: Any = _ArrayField(orig_offs, name, field_parts, data, field_types)
+            else:
+                field = gguf.ReaderField(orig_offs, name, head + field_parts, [i + len(head) for i in field_idxs], field_types)
+            self._push_field(field, skip_sum=True)
+            offs += field_size
+        return offs
+
+    def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple[int, Any, Any, list[Any]]:
         # An array of strings (a tokenizer's tokens and merges: 400k entries for Llama 3) or of
         # numbers (token types, scores) in the host's byte order is read in one pass below;
         # everything else by the package's own method. The package's loop recurses once per entry
         # (an enum lookup, two reads and list bookkeeping each: 3.2 s of a Llama-3.2-1B file's
-        # 4.7 s load); these give the same parts.
+        # 4.7 s load); these give the same parts, made when asked for.
         if int(raw_type) == _ARRAY and self.byte_order == "I":
             raw_itype = self._get(orig_offs, np.uint32)
             itype = int(raw_itype[0])
@@ -127,7 +248,7 @@ class _CheckedReader(gguf.GGUFReader):
                 return self._scalar_array_parts(orig_offs, raw_itype, scalar)
         return super()._get_field_parts(orig_offs, raw_type)
 
-    def _scalar_array_parts(self, orig_offs: int, raw_itype: np.ndarray, scalar: Any) -> tuple[int, list[np.ndarray], list[int], list[Any]]:
+    def _scalar_array_parts(self, orig_offs: int, raw_itype: np.ndarray, scalar: Any) -> tuple[int, Any, range, list[Any]]:
         """``gguf.GGUFReader._get_field_parts`` of an array of numbers (a tokenizer's token types
         and scores), part for part: ``[item type, length, one 1-element array per entry]``, data
         indices ``2, 3, ...``, types ``[ARRAY, item type]`` (``[ARRAY]`` when empty)."""
@@ -135,30 +256,32 @@ class _CheckedReader(gguf.GGUFReader):
         n = int(alen[0])
         values = self._get(orig_offs + 12, scalar, n)  # bounds-checked; one view of every entry
         types = [gguf.GGUFValueType.ARRAY] + ([gguf.GGUFValueType(int(raw_itype[0]))] if n else [])
-        return 12 + int(values.nbytes), [raw_itype, alen, *values.reshape(n, 1)], list(range(2, n + 2)), types
+        return 12 + int(values.nbytes), _NumberParts([raw_itype, alen], values), range(2, n + 2), types
 
-    def _string_array_parts(self, orig_offs: int, raw_itype: np.ndarray) -> tuple[int, list[np.ndarray], list[int], list[Any]]:
+    def _string_array_parts(self, orig_offs: int, raw_itype: np.ndarray) -> tuple[int, Any, range, list[Any]]:
         """``gguf.GGUFReader._get_field_parts`` of an array of strings at ``orig_offs``, part for
         part: ``[item type, length, (string length, string bytes) per entry]``, the entries' data
-        indices ``3, 5, 7, ...`` and types ``[ARRAY, STRING]`` (``[ARRAY]`` when empty)."""
+        indices ``3, 5, 7, ...`` and types ``[ARRAY, STRING]`` (``[ARRAY]`` when empty). One pass
+        finds where each string lies; the parts are views made when asked for."""
         alen = self._get(orig_offs + 4, np.uint64)
         n = int(alen[0])
-        plain, size, raw = self._plain, self._size, memoryview(self._plain)
-        u64 = np.dtype(np.uint64)
-        parts: list[np.ndarray] = [raw_itype, alen]
+        size, raw = self._size, memoryview(self._plain)
+        starts, lengths = [], []
         offs = orig_offs + 12
+        from_bytes, order = int.from_bytes, sys.byteorder  # the host's order: byte_order "I"
         for _ in range(n):
             end = offs + 8
             if end > size:
                 self._get(offs, np.uint64)  # raises the bounds error, naming the offset
-            slen = int.from_bytes(raw[offs:end], sys.byteorder)  # the host's order: byte_order "I"
+            slen = from_bytes(raw[offs:end], order)
             if end + slen > size:
                 self._get(end, np.uint8, slen)  # raises the bounds error
-            parts.append(plain[offs:end].view(u64))
-            parts.append(plain[end : end + slen])
+            starts.append(end)
+            lengths.append(slen)
             offs = end + slen
         types = [gguf.GGUFValueType.ARRAY] + ([gguf.GGUFValueType.STRING] if n else [])
-        return offs - orig_offs, parts, list(range(3, 2 * n + 2, 2)), types
+        parts = _StringParts([raw_itype, alen], self._plain, np.array(starts, np.int64), np.array(lengths, np.int64))
+        return offs - orig_offs, parts, range(3, 2 * n + 2, 2), types
 
     def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
         size = int(self.data.shape[0])

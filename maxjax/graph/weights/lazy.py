@@ -126,11 +126,22 @@ class LazyTensor:
         else:
             for i, r in enumerate(self.rows):
                 np.copyto(out[i], stored[r], casting="same_kind")
-        nbytes = int(np.prod(self._stored_shape)) * self.stored_dtype.itemsize
+        self.done_reading()
+        return out
+
+    def source(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """For a reader that converts as it copies (the host layout conversion,
+        :func:`maxjax.backend.kernels.layouts.convert_layers`): the stored array, a read-only view
+        of the map (nothing is read yet), and the stored row of each of the tensor's rows (None:
+        the stored order). Call :meth:`done_reading` once it is read."""
+        return self._stored(), self.rows
+
+    def done_reading(self) -> None:
+        """Counts the tensor as read and drops the file's pages under it from this process's
+        resident set (they stay in the page cache)."""
         with _LOCK:
             _READ[self.mapped.path] = _READ.get(self.mapped.path, 0) + int(np.prod(self.shape)) * self.stored_dtype.itemsize
-        self.mapped.release(self.offset, nbytes)
-        return out
+        self.mapped.release(self.offset, int(np.prod(self._stored_shape)) * self.stored_dtype.itemsize)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         out = self[:]
