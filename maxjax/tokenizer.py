@@ -34,10 +34,13 @@ Example::
 
 from __future__ import annotations
 
+import bisect
 import datetime
 import functools
+import itertools
 import json
 import os
+import re
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
@@ -900,6 +903,23 @@ def _end_of_generation_ids(reader: Any, name: str, tokens: list[str], named: lis
     return eog
 
 
+def _outside_byte_alphabet(tokens: list[str], spelling: dict[int, str]) -> set[int]:
+    """The indices of the tokens with a character outside GPT-2's byte alphabet (``spelling``'s
+    values), found by one regular-expression scan of all tokens joined by newlines (a 128k
+    vocabulary in about 30 ms, where a per-token check takes 0.15 s). A newline is itself outside
+    the alphabet (byte 10 is spelled ``chr(266)``)."""
+    alphabet = "".join(sorted(set(spelling.values())))
+    joined = "\n".join(tokens)
+    out = set()
+    if joined.count("\n") != len(tokens) - 1:  # some tokens hold a newline of their own
+        out.update(i for i, t in enumerate(tokens) if "\n" in t)
+    matches = [m.start() for m in re.finditer("[^\n" + re.escape(alphabet) + "]", joined)]
+    if matches:
+        starts = [0, *itertools.accumulate(len(t) + 1 for t in tokens)]  # where token i starts in the joined text
+        out.update(bisect.bisect_right(starts, p) - 1 for p in matches)
+    return out
+
+
 def _build_byte_level_bpe(reader: Any, name: str, tokens: list[str], token_type: list[int]) -> tokenizers.Tokenizer:
     """GPT-2-style byte-level BPE, as transformers' ``byte_level_tokenizer`` (GGUFGPTConverter) builds it.
 
@@ -921,11 +941,10 @@ def _build_byte_level_bpe(reader: Any, name: str, tokens: list[str], token_type:
             f"{', '.join(sorted(GGUF_PRE_TOKENIZERS))}"
         )
     spelling = bytes_to_unicode()
-    alphabet = set(spelling.values())
-    vocab: dict[str, int] = {}
-    for i, tok in enumerate(tokens):
-        key = tok if set(tok) <= alphabet else "".join(spelling[b] for b in tok.encode("utf-8"))
-        vocab.setdefault(key, i)
+    keys = list(tokens)
+    for i in _outside_byte_alphabet(tokens, spelling):
+        keys[i] = "".join(spelling[b] for b in tokens[i].encode("utf-8"))
+    vocab = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1)))  # a repeated entry keeps its first id
     if len(vocab) != len(tokens):
         warnings.warn(f"{name}: {len(tokens) - len(vocab)} duplicate vocabulary entries", stacklevel=3)
     merges = []

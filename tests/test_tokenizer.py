@@ -634,3 +634,20 @@ def test_pretrained_dir_chat_template_and_generation_config(tmp_path, minilm_dir
     (tmp_path / "chat_template.jinja").write_text("J{{ messages | length }}")
     assert Tokenizer.from_pretrained_dir(tmp_path).apply_chat_template([{"role": "user", "content": "x"}]) == "J1"
     assert os.fspath(tmp_path) in repr(Tokenizer.from_pretrained_dir(tmp_path))
+
+
+def test_tokens_outside_the_byte_alphabet_are_found_as_one_by_one():
+    """The one-scan search for vocabulary entries written outside GPT-2's byte alphabet (which are
+    re-spelled byte by byte) finds exactly the tokens a per-token check finds: raw text, newlines
+    inside a token, empty and one-character tokens, at the start and the end of the list."""
+    from maxjax.tokenizer import _outside_byte_alphabet, bytes_to_unicode
+
+    spelling = bytes_to_unicode()
+    alphabet = set(spelling.values())
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    pool = ["Ġhello", "a\nb", "ok", "x y", "é", "ĠĊ", "", " ", "zz", "\n", "<|im_end|>", "日本", "Ġ", "\t"]
+    for _ in range(20):
+        tokens = [pool[i] for i in rng.integers(0, len(pool), 50)]
+        assert _outside_byte_alphabet(tokens, spelling) == {i for i, t in enumerate(tokens) if not set(t) <= alphabet}
