@@ -111,14 +111,16 @@ def test_the_policy_picks_the_layout_from_the_cpu_features():
 
 
 def test_matmul_of_a_large_weight_in_row_blocks_matches():
-    packed = _quantized(8192 + 4096, 64, gguf.GGMLQuantizationType.Q8_0)  # three 4096-row blocks
+    packed = _quantized(2048 + 1024, 64, gguf.GGMLQuantizationType.Q8_0)  # three 1024-row blocks
     r = UnpackedArray.from_packed(QuantizationEncoding.Q8_0, jax.numpy.asarray(packed))
-    assert policy_for("cpu").row_chunks(12288, 6) == 3 and policy_for("cpu").row_chunks(12288, 1) == 1
+    cpu = policy_for("cpu")
+    assert cpu.dequant_row_chunk == 1024 and cpu.row_chunks(3072, 6) == 3 and cpu.row_chunks(3072, 1) == 1
+    assert cpu.row_chunks(2048, 6) == 2 and cpu.row_chunks(1536, 6) == 1 and cpu.row_chunks(3000, 6) == 1
     w = np.asarray(dequantize(QuantizationEncoding.Q8_0, jax.numpy.asarray(packed)), np.float64)
     x = RNG.standard_normal((2, 3, 64)).astype(np.float32)
     for policy in (policy_for("cpu"), policy_for("gpu")):  # in row blocks, and whole
         out = np.asarray(jax.jit(lambda x, r: r.matmul(x, policy))(x, r))
-        assert out.shape == (2, 3, 12288)
+        assert out.shape == (2, 3, 3072)
         np.testing.assert_allclose(out, x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-4)
 
 
