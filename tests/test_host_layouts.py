@@ -23,9 +23,22 @@ from maxjax.graph.weights.lazy import LazyTensor, bytes_read
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"maxjax's CPU kernels do not build here: {kernels.unavailable_reason()}")
 
 
+#: where a K-quant block keeps its float16 fields (d, and dmin for Q4_K): byte offsets
+_K_HALVES = {"Q4_K": (0, 2), "Q6_K": (208,)}
+
+
 def _blocks(encoding: str, rows: int, cols: int, seed: int) -> np.ndarray:
-    """Real blocks: float rows of varied scales quantized by the gguf package (uint8 [rows, row_bytes])."""
+    """Real blocks (uint8 [rows, row_bytes]): float rows of varied scales quantized by the gguf
+    package; for the K-quants, which it cannot quantize, every bit drawn at random but for finite
+    float16 scales (any bits make a valid K-quant block)."""
     rng = np.random.default_rng(seed)
+    if encoding in _K_HALVES:
+        size = {"Q4_K": 144, "Q6_K": 210}[encoding]
+        out = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
+        for at in _K_HALVES[encoding]:
+            out[..., at : at + 2] = rng.uniform(-0.1, 0.1, (rows, cols // 256)).astype("<f2")[..., None].view(np.uint8)
+        out[0, 0, _K_HALVES[encoding][0] : _K_HALVES[encoding][0] + 2] = 0  # a zero scale
+        return out.reshape(rows, -1)
     w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.01, 3.0, (rows, 1)).astype(np.float32)
     w[0, :32] = 0.0  # an all-zero block (scale 0)
     return gguf.quants.quantize(w, getattr(gguf.GGMLQuantizationType, encoding))
@@ -46,10 +59,10 @@ def _assert_identical(got: dict, want: dict, what: str) -> None:
 
 @pytest.mark.parametrize("layout,encoding", sorted(layouts.HOST_LAYOUTS))
 def test_bit_identical_to_the_layouts_definitions(layout, encoding):
-    """Two layers of 6 rows and 3 blocks (96 columns), stored in order and permuted, against
-    ``to_layout`` (the jnp definition) of each layer."""
+    """Two layers of 6 rows (3 blocks a row, 2 for the K-quants), stored in order and permuted,
+    against ``to_layout`` (the jnp definition) of each layer."""
     enc = as_encoding(encoding)
-    rows, cols = 6, 96
+    rows, cols = (6, 512) if encoding in _K_HALVES else (6, 96)  # 2 K-quant blocks, 3 others a row
     stored = [_blocks(encoding, rows, cols, seed) for seed in (0, 1)]
     orders = [None, np.array([3, 1, 0, 5, 2, 4])]
     spec = layouts.layout_shapes(layout, encoding, rows, cols)
@@ -88,8 +101,10 @@ def test_bad_inputs_raise_naming_the_layer():
         layouts.convert_layers("unpacked", "Q4_0", [(blocks, None)] * 2, out["values"], out["scale"].astype(np.float16), None)
     with pytest.raises(ValueError, match=r"offset must be None for Q4_0 unpacked"):
         layouts.convert_layers("unpacked", "Q4_0", [(blocks, None)] * 2, out["values"], out["scale"], out["scale"])
-    with pytest.raises(ValueError, match=r"no host conversion of Q4_K to the 'nibbles' layout"):
-        layouts.layout_shapes("nibbles", "Q4_K", 4, 256)
+    with pytest.raises(ValueError, match=r"no host conversion of Q6_K to the 'nibbles' layout"):
+        layouts.layout_shapes("nibbles", "Q6_K", 4, 256)
+    with pytest.raises(ValueError, match=r"Q4_K \[4, 96\] cannot take the 'unpacked' layout \(256-value blocks"):
+        layouts.layout_shapes("unpacked", "Q4_K", 4, 96)
 
 
 def test_placed_from_a_mapped_file_as_by_xla(tmp_path):
@@ -120,12 +135,12 @@ def test_placed_from_a_mapped_file_as_by_xla(tmp_path):
     got = place_layers(odd, None, stacked=False, encoding="Q4_0", quantized_layout="nibbles", host_conversion=True)
     assert got.layout == "unpacked"
     _assert_identical(_leaves(got), _leaves(to_layout("unpacked", as_encoding("Q4_0"), jax.numpy.asarray(layers[0][:7]))), "odd rows")
-    # Q8_0 under the nibbles policy takes unpacked, as to_layout gives it; K-quants are left to XLA
-    q8 = _blocks("Q8_0", 8, 64, 5)
-    got = host_layout([q8], "Q8_0", "nibbles", stacked=False)
-    assert got.layout == "unpacked"
-    _assert_identical(_leaves(got), _leaves(to_layout("nibbles", as_encoding("Q8_0"), jax.numpy.asarray(q8))), "Q8_0")
-    assert host_layout([np.zeros((8, 144), np.uint8)], "Q4_K", "nibbles", stacked=False) is None  # one 256-value block a row
+    # Q8_0 and Q6_K under the nibbles policy take unpacked, as to_layout gives them; Q5_K is left to XLA
+    for enc, blocks in (("Q8_0", _blocks("Q8_0", 8, 64, 5)), ("Q6_K", _blocks("Q6_K", 8, 256, 6))):
+        got = host_layout([blocks], enc, "nibbles", stacked=False)
+        assert got.layout == "unpacked"
+        _assert_identical(_leaves(got), _leaves(to_layout("nibbles", as_encoding(enc), jax.numpy.asarray(blocks))), enc)
+    assert host_layout([np.zeros((8, 176), np.uint8)], "Q5_K", "nibbles", stacked=False) is None  # one 256-value block a row
 
 
 def test_a_model_loads_identically_either_way(tmp_path):

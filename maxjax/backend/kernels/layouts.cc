@@ -8,6 +8,12 @@
 //   Q4_0: d f16, qs u8[16]        (18 bytes; value j < 16 in qs[j]'s low nibble, j + 16 in its high)
 //   Q4_1: d f16, m f16, qs u8[16] (20 bytes)
 //   Q8_0: d f16, qs i8[32]        (34 bytes)
+//   Q4_K: d f16, dmin f16, 12 bytes of 6-bit scales and mins, qs u8[128] (144 bytes, 256 values in
+//         8 groups of 32: group 2c + n is the low (n = 0) or high (n = 1) nibbles of qs[32c..32c+31];
+//         scale d * sc[g], offset -(dmin * m[g]), sc and m unpacked as llama.cpp's get_scale_min_k4)
+//   Q6_K: ql u8[128], qh u8[64], scales i8[16], d f16 (210 bytes, 256 values in 16 groups of 16;
+//         value 32g + t of group-of-32 g = 4h + r: low 4 bits from ql[64h + 32(r % 2) + t] (nibble
+//         r / 2), high 2 bits from qh[32h + t] >> 2r, minus 32; scale d * scales[i] per 16 values)
 // Each call converts output rows [first, first + count) of one layer; row r is read from source
 // row ``row_index[r]`` (or r where row_index is null), ``row_bytes`` apart. Callers split a layer's
 // rows over threads. Return value: 0, or 1 for an unknown kind, 2 for an odd row range (nibbles).
@@ -19,7 +25,44 @@
 
 namespace {
 
-enum Kind : int32_t { kQ4_0 = 0, kQ4_1 = 1, kQ8_0 = 2 };
+enum Kind : int32_t { kQ4_0 = 0, kQ4_1 = 1, kQ8_0 = 2, kQ4_K = 3, kQ6_K = 4 };
+
+// The 256 values of a K-quant block (the bytes the unpacked layout stores: uint8 q for Q4_K,
+// int8 q - 32 for Q6_K) and its groups' float32 scales (and offsets): the definitions of
+// maxjax/graph/quantization/blocks.py (_unpack_q4_k, _unpack_q6_k), float operation for operation.
+inline void decode_q4_k(const uint8_t* blk, uint8_t* q, float* scale, float* offset) {
+  const float d = _cvtsh_ss(static_cast<uint16_t>(blk[0] | blk[1] << 8));
+  const float dmin = _cvtsh_ss(static_cast<uint16_t>(blk[2] | blk[3] << 8));
+  const uint8_t* s = blk + 4;
+  for (int j = 0; j < 4; ++j) {
+    const uint8_t sc_lo = s[j] & 63, mn_lo = s[j + 4] & 63;
+    const uint8_t sc_hi = (s[j + 8] & 0x0F) | ((s[j] >> 2) & 0x30), mn_hi = (s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30);
+    scale[j] = d * static_cast<float>(sc_lo);
+    scale[j + 4] = d * static_cast<float>(sc_hi);
+    offset[j] = -(dmin * static_cast<float>(mn_lo));
+    offset[j + 4] = -(dmin * static_cast<float>(mn_hi));
+  }
+  const uint8_t* qs = blk + 16;
+  for (int c = 0; c < 4; ++c)
+    for (int t = 0; t < 32; ++t) {
+      q[64 * c + t] = qs[32 * c + t] & 15;
+      q[64 * c + 32 + t] = qs[32 * c + t] >> 4;
+    }
+}
+
+inline void decode_q6_k(const uint8_t* blk, uint8_t* q, float* scale) {
+  const uint8_t *ql = blk, *qh = blk + 128;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+  const float d = _cvtsh_ss(static_cast<uint16_t>(blk[208] | blk[209] << 8));
+  for (int i = 0; i < 16; ++i) scale[i] = d * static_cast<float>(sc[i]);
+  for (int g = 0; g < 8; ++g) {
+    const int h = g / 4, r = g % 4;
+    for (int t = 0; t < 32; ++t) {
+      const int lo = (ql[64 * h + 32 * (r % 2) + t] >> (4 * (r / 2))) & 15, hi = (qh[32 * h + t] >> (2 * r)) & 3;
+      q[32 * g + t] = static_cast<uint8_t>(static_cast<int8_t>((lo | hi << 4) - 32));
+    }
+  }
+}
 
 inline uint16_t load_u16(const uint8_t* p) {
   uint16_t v;
@@ -37,14 +80,33 @@ inline const uint8_t* source_row(const uint8_t* src, int64_t row_bytes, const in
 
 extern "C" {
 
-// NibbleArray: pairs uint8 [rows / 2, blocks * 32] (row 2i in the low nibble, 2i + 1 in the high;
-// a block's values 0..15 in bytes 0..15, 16..31 in bytes 16..31), scale and offset float16 bits
-// [rows, blocks] (the file's d and m; offset unused for Q4_0).
+// NibbleArray: pairs uint8 [rows / 2, cols] (row 2i in the low nibble, 2i + 1 in the high), scale
+// and offset [rows, cols / 32]: Q4_0/Q4_1 float16 bits (the file's d and m; offset unused for
+// Q4_0), Q4_K float32 (d * sc, -(dmin * m)).
 int maxjax_nibbles_from_blocks(const uint8_t* src, int64_t row_bytes, const int64_t* row_index, int64_t first,
-                               int64_t count, int64_t blocks, int32_t kind, uint8_t* pairs, uint16_t* scale,
-                               uint16_t* offset) {
-  if (kind != kQ4_0 && kind != kQ4_1) return 1;
+                               int64_t count, int64_t blocks, int32_t kind, uint8_t* pairs, void* scale_out,
+                               void* offset_out) {
+  if (kind != kQ4_0 && kind != kQ4_1 && kind != kQ4_K) return 1;
   if ((first | count) & 1) return 2;
+  if (kind == kQ4_K) {  // float32 scale and offset [rows, blocks * 8]
+    float* scale = static_cast<float*>(scale_out);
+    float* offset = static_cast<float*>(offset_out);
+    const int64_t cols = blocks * 256;
+    uint8_t qa[256], qb[256];
+    for (int64_t r = first; r < first + count; r += 2) {
+      const uint8_t* a = source_row(src, row_bytes, row_index, r);
+      const uint8_t* b = source_row(src, row_bytes, row_index, r + 1);
+      uint8_t* out = pairs + (r / 2) * cols;
+      for (int64_t j = 0; j < blocks; ++j) {
+        decode_q4_k(a + j * 144, qa, scale + r * blocks * 8 + 8 * j, offset + r * blocks * 8 + 8 * j);
+        decode_q4_k(b + j * 144, qb, scale + (r + 1) * blocks * 8 + 8 * j, offset + (r + 1) * blocks * 8 + 8 * j);
+        for (int t = 0; t < 256; ++t) out[256 * j + t] = qa[t] | (qb[t] << 4);
+      }
+    }
+    return 0;
+  }
+  uint16_t* scale = static_cast<uint16_t*>(scale_out);
+  uint16_t* offset = static_cast<uint16_t*>(offset_out);
   const int64_t bsize = kind == kQ4_0 ? 18 : 20, qs_at = kind == kQ4_0 ? 2 : 4, cols = blocks * 32;
   const __m128i low4 = _mm_set1_epi8(0x0F), high4 = _mm_set1_epi8(static_cast<char>(0xF0));
   for (int64_t r = first; r < first + count; r += 2) {
@@ -79,12 +141,28 @@ int maxjax_nibbles_from_blocks(const uint8_t* src, int64_t row_bytes, const int6
   return 0;
 }
 
-// UnpackedArray: values [rows, blocks * 32] one byte each (int8 q - 8 for Q4_0, uint8 q for Q4_1,
-// int8 q for Q8_0), scale and offset float32 [rows, blocks] (d and m widened; offset Q4_1 only).
+// UnpackedArray: values [rows, cols] one byte each (int8 q - 8 for Q4_0, uint8 q for Q4_1 and
+// Q4_K, int8 q for Q8_0, int8 q - 32 for Q6_K), scale and offset float32 [rows, cols / group]
+// (d and m widened, or the K-quants' group scales; offset for Q4_1 and Q4_K only).
 int maxjax_unpacked_from_blocks(const uint8_t* src, int64_t row_bytes, const int64_t* row_index, int64_t first,
                                 int64_t count, int64_t blocks, int32_t kind, uint8_t* values, float* scale,
                                 float* offset) {
-  if (kind != kQ4_0 && kind != kQ4_1 && kind != kQ8_0) return 1;
+  if (kind != kQ4_0 && kind != kQ4_1 && kind != kQ8_0 && kind != kQ4_K && kind != kQ6_K) return 1;
+  if (kind == kQ4_K || kind == kQ6_K) {  // 256 values a block: 8 groups of 32 (Q4_K) or 16 of 16 (Q6_K)
+    const int64_t bsize = kind == kQ4_K ? 144 : 210, groups = kind == kQ4_K ? 8 : 16, cols = blocks * 256;
+    for (int64_t r = first; r < first + count; ++r) {
+      const uint8_t* row = source_row(src, row_bytes, row_index, r);
+      for (int64_t j = 0; j < blocks; ++j) {
+        uint8_t* q = values + r * cols + 256 * j;
+        float* s = scale + (r * blocks + j) * groups;
+        if (kind == kQ4_K)
+          decode_q4_k(row + j * bsize, q, s, offset + (r * blocks + j) * groups);
+        else
+          decode_q6_k(row + j * bsize, q, s);
+      }
+    }
+    return 0;
+  }
   const int64_t bsize = kind == kQ4_0 ? 18 : kind == kQ4_1 ? 20 : 34, cols = blocks * 32;
   const __m128i low4 = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
   for (int64_t r = first; r < first + count; ++r) {

@@ -9,8 +9,9 @@ host's cores (``ctypes`` calls release the GIL).
 
 The layouts' definitions stay the ``jnp`` code of :mod:`maxjax.graph.quantization` (``NibbleArray``,
 ``UnpackedArray``, after llama.cpp's ``ggml-quants.c``); this is a host fast path for the block
-formats that need nothing but a reshuffle (Q4_0 and Q4_1 to ``nibbles``; Q4_0, Q4_1 and Q8_0 to
-``unpacked``), bit-identical to it (``tests/test_host_layouts.py``). The backend policy decides
+formats of the common files (Q4_0, Q4_1 and Q4_K to ``nibbles``; those, Q8_0 and Q6_K to
+``unpacked``: a Q4_K_M file is Q4_K and Q6_K), bit-identical to it
+(``tests/test_host_layouts.py``). The backend policy decides
 when it runs (``host_layout_conversion``).
 """
 
@@ -26,10 +27,14 @@ import numpy as np
 __all__ = ["HOST_LAYOUTS", "converts", "layout_shapes", "convert_layers"]
 
 #: the (layout, encoding name) pairs converted on the host
-HOST_LAYOUTS = frozenset({("nibbles", "Q4_0"), ("nibbles", "Q4_1"), ("unpacked", "Q4_0"), ("unpacked", "Q4_1"), ("unpacked", "Q8_0")})
-_KIND = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}  # layouts.cc's Kind
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
-_VALUES_DTYPE = {"Q4_0": np.int8, "Q4_1": np.uint8, "Q8_0": np.int8}  # unpacked
+HOST_LAYOUTS = frozenset(
+    {("nibbles", e) for e in ("Q4_0", "Q4_1", "Q4_K")} | {("unpacked", e) for e in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")}
+)
+_KIND = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q4_K": 3, "Q6_K": 4}  # layouts.cc's Kind
+_BLOCK = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q6_K": (256, 210)}  # values, bytes
+_GROUP = {"Q6_K": 16}  # values per scale (32 for the others)
+_VALUES_DTYPE = {"Q4_0": np.int8, "Q4_1": np.uint8, "Q8_0": np.int8, "Q4_K": np.uint8, "Q6_K": np.int8}  # unpacked
+_OFFSET = ("Q4_1", "Q4_K")
 _CHUNK_BYTES = 1 << 20  # source bytes per task (whole rows, an even number of them)
 
 
@@ -51,13 +56,15 @@ def layout_shapes(layout: str, encoding: str, rows: int, cols: int) -> dict[str,
     """
     if (layout, encoding) not in HOST_LAYOUTS:
         raise ValueError(f"no host conversion of {encoding} to the {layout!r} layout (host conversions: {sorted(HOST_LAYOUTS)})")
-    if cols % 32 or (layout == "nibbles" and rows % 2):
-        raise ValueError(f"{encoding} [{rows}, {cols}] cannot take the {layout!r} layout (32-value blocks; nibbles pair rows)")
-    if layout == "nibbles":  # the file's float16 d and m; two rows per byte
-        values, scale = ((rows // 2, cols), np.uint8), ((rows, cols // 32), np.float16)
-    else:  # one byte per value; d and m widened to float32
-        values, scale = ((rows, cols), _VALUES_DTYPE[encoding]), ((rows, cols // 32), np.float32)
-    return {"values": values, "scale": scale, "offset": scale if encoding == "Q4_1" else None}
+    per_block = _BLOCK[encoding][0]
+    if cols % per_block or (layout == "nibbles" and rows % 2):
+        raise ValueError(f"{encoding} [{rows}, {cols}] cannot take the {layout!r} layout ({per_block}-value blocks; nibbles pair rows)")
+    groups = cols // _GROUP.get(encoding, 32)
+    if layout == "nibbles":  # two rows per byte; Q4_0/Q4_1: the file's float16 d and m
+        values, scale = ((rows // 2, cols), np.uint8), ((rows, groups), np.float16 if encoding != "Q4_K" else np.float32)
+    else:  # one byte per value; float32 scales
+        values, scale = ((rows, cols), _VALUES_DTYPE[encoding]), ((rows, groups), np.float32)
+    return {"values": values, "scale": scale, "offset": scale if encoding in _OFFSET else None}
 
 
 def _cpus() -> int:
@@ -116,7 +123,8 @@ def convert_layers(
             raise ValueError(f"convert_layers: {name} must be {'None' if spec is None else 'an array'} for {encoding} {layout}")
         if arr is not None and (arr.shape != (n, *spec[0]) or arr.dtype != np.dtype(spec[1]) or not arr.flags.c_contiguous or not arr.flags.writeable):
             raise ValueError(f"convert_layers: {name} is {arr.dtype}{list(arr.shape)}, expected a writable C-contiguous {np.dtype(spec[1])}{[n, *spec[0]]}")
-    blocks, bsize = cols // 32, _BLOCK_BYTES[encoding]
+    per_block, bsize = _BLOCK[encoding]
+    blocks = cols // per_block
     sources = []
     for i, (src, index) in enumerate(layers):
         if src.dtype != np.uint8 or src.ndim != 2 or src.shape[1] != blocks * bsize or src.strides != (src.shape[1], 1):
