@@ -124,6 +124,26 @@ def test_matmul_of_a_large_weight_in_row_blocks_matches():
         np.testing.assert_allclose(out, x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("cls,qtype", [(UnpackedArray, gguf.GGMLQuantizationType.Q8_0), (NibbleArray, gguf.GGMLQuantizationType.Q4_0)])
+def test_a_stacked_layer_in_row_blocks_matches(cls, qtype):
+    """A prompt's product with one layer of a stacked weight (more rows than the CPU kernel takes)
+    is formed one block of rows at a time, each block sliced out of the stack; it equals the
+    product with the layer sliced whole, and the layer index is clamped as a slice clamps it."""
+    enc = QuantizationEncoding(qtype.name)
+    layers = [_quantized(3072, 64, qtype) for _ in range(3)]  # three 1024-row blocks a layer
+    stack = cls.from_packed(enc, jax.numpy.asarray(np.stack(layers)))
+    cpu = policy_for("cpu")
+    x = RNG.standard_normal((2, 20, 64)).astype(np.float32)  # 40 rows: past the kernel's 32
+    assert cpu.row_chunks(3072, 40) == 3 and not cpu.native_matmul(stack, 40)
+    for layer, source in ((1, 1), (7, 2), (-3, 0)):
+        got = np.asarray(jax.jit(lambda x, w, i: w.layer_matmul(x, i, cpu))(x, stack, np.int32(layer)))
+        whole = np.asarray(jax.jit(lambda x, w: w.matmul(x, policy_for("gpu")))(x, stack.layer(source)))  # no row blocks
+        want = x.astype(np.float64) @ np.asarray(dequantize(enc, jax.numpy.asarray(layers[source])), np.float64).T
+        assert got.shape == (2, 20, 3072)
+        np.testing.assert_allclose(got, whole, rtol=1e-6, atol=1e-5)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("layout", [UnpackedArray, NibbleArray, PackedArray, DequantizedArray])
 def test_matmul_of_long_rows_in_column_blocks_matches(layout):
     packed = _quantized(32, 8192, gguf.GGMLQuantizationType.Q4_0)  # Llama-3.2-1B down_proj's 8192 columns
