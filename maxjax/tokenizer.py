@@ -888,11 +888,9 @@ def _end_of_generation_ids(reader: Any, name: str, tokens: list[str], named: lis
     rep/sep/pad tokens (by metadata key, else by text), and every token whose text is one of
     ``EOG_TOKEN_TEXTS``. For SmolLM2: <|endoftext|> (0), <|im_end|> (2) and <reponame> (4)."""
     eog = {i for i in named if i is not None}
-    first_by_text: dict[str, int] = {}
-    for i, t in enumerate(tokens):
-        first_by_text.setdefault(t, i)
-        if t in EOG_TOKEN_TEXTS:
-            eog.add(i)
+    eog.update(i for i, t in enumerate(tokens) if t in EOG_TOKEN_TEXTS)
+    wanted = {t for texts in FIM_EOG_TOKEN_TEXTS.values() for t in texts}
+    first_by_text = {t: tokens.index(t) for t in wanted.intersection(tokens)}  # the first id of each FIM text present
     for key, texts in FIM_EOG_TOKEN_TEXTS.items():
         tid = _opt_int(reader, f"tokenizer.ggml.{key}")
         if tid is None:
