@@ -106,7 +106,10 @@ class CausalLM:
             if bar is not None:
                 bar.close()
         self.num_compiles = 0
-        self._default_key = jax.random.key(0)  # the key argument of greedy steps (unused by them)
+        # the key argument of greedy steps (unused by them): a key of the default PRNG wrapped from
+        # zeros, since jax.random.key(0) compiles a program at its first call (0.07 s of a load)
+        key_shape = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape
+        self._default_key = jax.random.wrap_key_data(np.zeros(key_shape, np.uint32))
         forward = self.functions.forward
 
         def step(state, tokens, positions, k_cache, v_cache, last_index, key, temperature, top_k, top_p, do_sample):
