@@ -18,6 +18,7 @@ when it runs (``host_layout_conversion``).
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
@@ -48,11 +49,12 @@ def converts(layout: str, encoding: str) -> bool:
 
 def layout_shapes(layout: str, encoding: str, rows: int, cols: int) -> dict[str, tuple[tuple[int, ...], Any] | None]:
     """The leaves of one ``[rows, cols]`` weight in ``layout``: ``{"values", "scale", "offset"}``
-    to ``(shape, dtype)`` (``offset`` None for Q4_0 and Q8_0).
+    to ``(shape, dtype)`` (``offset`` None for Q4_0, Q8_0 and Q6_K).
 
     Raises:
-        ValueError: a pair not in :data:`HOST_LAYOUTS`, ``cols`` not a multiple of 32, or an odd
-            number of rows for ``nibbles``.
+        ValueError: a pair not in :data:`HOST_LAYOUTS`, ``cols`` not a whole number of the
+            format's blocks (32 values; 256 for Q4_K and Q6_K), or an odd number of rows for
+            ``nibbles``.
     """
     if (layout, encoding) not in HOST_LAYOUTS:
         raise ValueError(f"no host conversion of {encoding} to the {layout!r} layout (host conversions: {sorted(HOST_LAYOUTS)})")
@@ -71,6 +73,7 @@ def _cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+@functools.lru_cache(maxsize=None)
 def _function(layout: str) -> Any:
     from maxjax.backend.kernels import library
 
