@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import os
 import re
-import sys
+import struct
 import threading
 from collections import OrderedDict
 from typing import Any, Iterable
@@ -65,6 +65,7 @@ GGUF_PLAIN_DTYPES: dict[gguf.GGMLQuantizationType, DType] = {
 
 
 _ARRAY, _STRING = int(gguf.GGUFValueType.ARRAY), int(gguf.GGUFValueType.STRING)
+_HOST_U64 = struct.Struct("=Q")  # a string's length, in the host's byte order
 
 
 class _Problem(Exception):
@@ -266,18 +267,20 @@ class _CheckedReader(gguf.GGUFReader):
         alen = self._get(orig_offs + 4, np.uint64)
         n = int(alen[0])
         size, raw = self._size, memoryview(self._plain)
-        starts, lengths = [], []
+        starts: list[int] = []
+        lengths: list[int] = []
+        add_start, add_length = starts.append, lengths.append
+        length_at = _HOST_U64.unpack_from  # the host's order: byte_order "I" (half the time of int.from_bytes on a slice)
         offs = orig_offs + 12
-        from_bytes, order = int.from_bytes, sys.byteorder  # the host's order: byte_order "I"
         for _ in range(n):
             end = offs + 8
             if end > size:
                 self._get(offs, np.uint64)  # raises the bounds error, naming the offset
-            slen = from_bytes(raw[offs:end], order)
+            (slen,) = length_at(raw, offs)
             if end + slen > size:
                 self._get(end, np.uint8, slen)  # raises the bounds error
-            starts.append(end)
-            lengths.append(slen)
+            add_start(end)
+            add_length(slen)
             offs = end + slen
         types = [gguf.GGUFValueType.ARRAY] + ([gguf.GGUFValueType.STRING] if n else [])
         parts = _StringParts([raw_itype, alen], self._plain, np.array(starts, np.int64), np.array(lengths, np.int64))
