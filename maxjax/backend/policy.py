@@ -49,8 +49,8 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   host on first use; without a compiler the products stay in XLA, after one warning); others: 0
   (off). A ``Program`` whose weights span a mesh keeps XLA's products (the SPMD partitioner cannot
   split a custom call).
-- ``host_layout_conversion``: GGUF blocks that only need a reshuffle into the run-time layout
-  (Q4_0 and Q4_1 into ``nibbles``; Q4_0, Q4_1 and Q8_0 into ``unpacked``) are converted on the host
+- ``host_layout_conversion``: GGUF blocks of the common formats (Q4_0, Q4_1 and Q4_K into
+  ``nibbles``; those, Q8_0 and Q6_K into ``unpacked``: ``HOST_LAYOUTS``) are converted on the host
   by maxjax's kernel library as they are read out of the mapped file (one pass over the bytes, no
   XLA program to compile, see :mod:`maxjax.backend.kernels.layouts`), instead of being copied out
   and rewritten by an XLA program on the device. CPU where the kernels build: True (the device

@@ -146,19 +146,18 @@ def host_layout(values: Sequence[Any], encoding: Any, layout: str | None, *, sta
     """
     from maxjax.backend.kernels import layouts
     from maxjax.driver import to_host_array
-    from maxjax.graph.quantization import LAYOUTS, as_encoding
+    from maxjax.graph.quantization import LAYOUTS, as_encoding, layout_for
     from maxjax.graph.weights.lazy import LazyTensor
 
     enc = as_encoding(encoding)
     stored = [_stored(v) for v in values]
     shape = tuple(int(d) for d in enc.logical_shape(stored[0].shape))
-    if len(shape) != 2 or shape[1] % 32:
+    if layout is None or len(shape) != 2:
+        return None
+    layout = layout_for(layout, enc, shape)
+    if not layouts.converts(layout, enc.value):
         return None
     rows, cols = shape
-    if layout in LAYOUTS and not LAYOUTS[layout].supports(enc, shape):
-        layout = "unpacked"  # as to_layout does (nibbles of Q8_0, or of an odd number of rows)
-    if layout is None or not layouts.converts(layout, enc.value):
-        return None
     sources = []
     for s in stored:
         if isinstance(s, LazyTensor) and s.dtype == s.stored_dtype:

@@ -27,12 +27,19 @@ namespace {
 
 enum Kind : int32_t { kQ4_0 = 0, kQ4_1 = 1, kQ8_0 = 2, kQ4_K = 3, kQ6_K = 4 };
 
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);  // x86-64 is little-endian, as GGUF is
+  return v;
+}
+
+inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }  // exact (F16C)
+
 // The 256 values of a K-quant block (the bytes the unpacked layout stores: uint8 q for Q4_K,
 // int8 q - 32 for Q6_K) and its groups' float32 scales (and offsets): the definitions of
 // maxjax/graph/quantization/blocks.py (_unpack_q4_k, _unpack_q6_k), float operation for operation.
 inline void decode_q4_k(const uint8_t* blk, uint8_t* q, float* scale, float* offset) {
-  const float d = _cvtsh_ss(static_cast<uint16_t>(blk[0] | blk[1] << 8));
-  const float dmin = _cvtsh_ss(static_cast<uint16_t>(blk[2] | blk[3] << 8));
+  const float d = half_to_float(load_u16(blk)), dmin = half_to_float(load_u16(blk + 2));
   const uint8_t* s = blk + 4;
   for (int j = 0; j < 4; ++j) {
     const uint8_t sc_lo = s[j] & 63, mn_lo = s[j + 4] & 63;
@@ -53,7 +60,7 @@ inline void decode_q4_k(const uint8_t* blk, uint8_t* q, float* scale, float* off
 inline void decode_q6_k(const uint8_t* blk, uint8_t* q, float* scale) {
   const uint8_t *ql = blk, *qh = blk + 128;
   const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-  const float d = _cvtsh_ss(static_cast<uint16_t>(blk[208] | blk[209] << 8));
+  const float d = half_to_float(load_u16(blk + 208));
   for (int i = 0; i < 16; ++i) scale[i] = d * static_cast<float>(sc[i]);
   for (int g = 0; g < 8; ++g) {
     const int h = g / 4, r = g % 4;
@@ -63,14 +70,6 @@ inline void decode_q6_k(const uint8_t* blk, uint8_t* q, float* scale) {
     }
   }
 }
-
-inline uint16_t load_u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);  // x86-64 is little-endian, as GGUF is
-  return v;
-}
-
-inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }  // exact (F16C)
 
 inline const uint8_t* source_row(const uint8_t* src, int64_t row_bytes, const int64_t* row_index, int64_t r) {
   return src + (row_index ? row_index[r] : r) * row_bytes;

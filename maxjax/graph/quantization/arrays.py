@@ -59,6 +59,7 @@ __all__ = [
     "LAYOUTS",
     "NIBBLE_ENCODINGS",
     "as_quantized",
+    "layout_for",
     "register_encoding",
     "stored_class",
     "to_layout",
@@ -162,10 +163,7 @@ class QuantizedArray:
             return kernels.quantized_matmul(x, self)
         n = policy.row_chunks(rows, lead)
         if n > 1:  # dequantize and multiply one block of rows at a time
-            blocks = jax.tree.map(lambda a: a.reshape(n, a.shape[0] // n, *a.shape[1:]), self)
-            flat = x.reshape(lead, cols)
-            out = lax.map(lambda w: policy.matmul_t(flat, w.dequantize()), blocks)
-            return jnp.moveaxis(out, 0, 1).reshape(*shape[:-1], rows)
+            return self._in_row_blocks(x, n, policy, lambda a, i, r: lax.dynamic_slice_in_dim(a, i * r, r))
         k = policy.col_chunks(cols, lead)
         if k > 1:  # a sum of products over column blocks, each its own fusion
             c, out = cols // k, None
@@ -200,19 +198,26 @@ class QuantizedArray:
         rows, cols = self.shape[-2:]
         n = policy.row_chunks(rows, lead)
         if float32 and n > 1 and shape[-1] == cols:
-            # each block of rows is sliced out of the stack as it is dequantized (lax.map: one at a
-            # time), never the whole layer first (an 8B-shaped down_proj layer is 33 MB of Q4_0)
-            def block(i: Any) -> jax.Array:
-                def leaf(a: Any) -> Any:
-                    r = a.shape[1] // n
-                    return lax.dynamic_slice(a, (layer, i * r) + (0,) * (a.ndim - 2), (1, r, *a.shape[2:]))[0]
+            # each block of rows is sliced out of the stack as it is dequantized, never the whole
+            # layer first (an 8B-shaped down_proj layer is 33 MB of Q4_0)
+            def leaf(a: Any, i: Any, r: int) -> Any:
+                return lax.dynamic_slice(a, (layer, i * r) + (0,) * (a.ndim - 2), (1, r, *a.shape[2:]))[0]
 
-                return policy.matmul_t(flat, jax.tree.map(leaf, self).dequantize())
-
-            flat = x.reshape(lead, cols)
-            out = lax.map(block, jnp.arange(n))
-            return jnp.moveaxis(out, 0, 1).reshape(*shape[:-1], rows)
+            return self._in_row_blocks(x, n, policy, leaf)
         return self.layer(layer).matmul(x, policy)
+
+    def _in_row_blocks(self, x: Any, n: int, policy: BackendPolicy, leaf: Any) -> jax.Array:
+        """``x [..., cols]`` times the weight's ``n`` blocks of rows, one block dequantized at a
+        time (``lax.map``): ``leaf(a, i, r)`` is block ``i`` of leaf ``a``, ``r`` of its rows."""
+        rows, cols = self.shape[-2:]
+        flat = x.reshape(-1, cols)
+
+        def block(i: Any) -> jax.Array:
+            w = jax.tree.map(lambda a: leaf(a, i, a.shape[self.ndim - 2] // n), self)  # rows: axis 0, or 1 in a stack
+            return policy.matmul_t(flat, w.dequantize())
+
+        out = lax.map(block, jnp.arange(n))
+        return jnp.moveaxis(out, 0, 1).reshape(*x.shape[:-1], rows)
 
     def layer(self, layer: Any) -> "QuantizedArray":
         """Layer ``layer`` (an int, or a traced int32 scalar clamped into range) of a stack."""
@@ -647,20 +652,28 @@ LAYOUTS: dict[str, type[QuantizedArray]] = {
 }
 
 
-def to_layout(layout: str, encoding: Any, packed: Any) -> QuantizedArray:
-    """GGUF blocks ``[..., rows, bytes_per_row]`` in ``layout``, or in ``"unpacked"`` where the
-    weight cannot take it (nibbles of an encoding that is not 4-bit, or of an odd number of rows).
+def layout_for(layout: str, encoding: Any, shape: Sequence[int]) -> str:
+    """The layout a weight of ``encoding`` and logical ``shape`` takes when ``layout`` is asked
+    for: ``layout``, or ``"unpacked"`` where the weight cannot take it (nibbles of an encoding that
+    is not 4-bit, or of an odd number of rows).
 
     Raises:
-        ValueError: an unknown layout name, or data that is not whole GGUF blocks.
+        ValueError: an unknown layout name.
     """
     cls = LAYOUTS.get(layout)
     if cls is None:
         raise ValueError(f"unknown quantized layout {layout!r} (layouts: {', '.join(LAYOUTS)})")
+    return layout if cls.supports(as_encoding(encoding), shape) else UnpackedArray.layout
+
+
+def to_layout(layout: str, encoding: Any, packed: Any) -> QuantizedArray:
+    """GGUF blocks ``[..., rows, bytes_per_row]`` in ``layout`` (see :func:`layout_for`).
+
+    Raises:
+        ValueError: an unknown layout name, or data that is not whole GGUF blocks.
+    """
     enc = as_encoding(encoding)
-    if not cls.supports(enc, enc.logical_shape(packed.shape)):
-        cls = UnpackedArray
-    return cls.from_packed(enc, packed)
+    return LAYOUTS[layout_for(layout, enc, enc.logical_shape(packed.shape))].from_packed(enc, packed)
 
 
 #: encoding -> the class a weight's stored value is read as (GGUF encodings: PackedArray)
