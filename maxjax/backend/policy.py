@@ -5,6 +5,13 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
 - ``precision``: the ``lax.Precision`` of float32 matmuls. CPU: ``HIGHEST`` (XLA:CPU computes
   float32 products exactly whatever it is told); GPU and TPU: None, XLA's default (TF32 on
   recent NVIDIA GPUs, one bfloat16 pass on TPU): pass a policy with ``HIGHEST`` for exact float32.
+- ``encoder_precision``: the ``precision`` an encoder's inference program (sentence embeddings)
+  runs at. CPU with AMX-BF16 (:mod:`maxjax.backend.kernels.amx`): ``HIGH``, JAX's "bfloat16_3x":
+  a stored float32 weight's products run in three bfloat16 passes on the AMX tiles, relative error
+  about 2^-16 per product (all-MiniLM-L6-v2: cosine to the float32 reference at least 0.99999,
+  the issue's bar); other CPUs: ``HIGHEST``; GPU and TPU: None. On the CPU, ``precision=HIGH`` runs
+  a float32 ``Linear`` (K and N multiples of 32) in that kernel where it is available, and exactly
+  elsewhere.
 - ``quantized_layout``: how a GGUF-quantized weight sits in device memory at run time (a layout
   name of :mod:`maxjax.graph.quantization`). CPU with AVX-512: ``"nibbles"`` (4 bits per value;
   as fast as one byte per value there, for half the memory); CPU without it: ``"unpacked"`` (one
@@ -121,6 +128,7 @@ import numpy as np
 from jax import lax
 
 from maxjax.backend.cpu import cpu_features, native_isa
+from maxjax.backend.kernels import amx as _amx
 
 __all__ = ["BackendPolicy", "policy_for", "cpu_policy", "gpu_policy", "tpu_policy", "platform_of"]
 
@@ -139,6 +147,7 @@ class BackendPolicy:
     Args:
         platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``.
         precision: ``lax.Precision`` of float32 matmuls, or None for XLA's default.
+        encoder_precision: ``precision`` of an encoder's inference program.
         quantized_layout: ``"nibbles"``, ``"unpacked"``, ``"packed"`` or ``"dequantized"``.
         weight_left_max_rows: most rows of ``x`` for which ``x @ w.T`` runs weight-left (0: off).
         dequant_row_chunk: rows per block when a large quantized weight is multiplied (0: off).
@@ -171,6 +180,7 @@ class BackendPolicy:
 
     platform: str
     precision: Any = None
+    encoder_precision: Any = None
     quantized_layout: str = "unpacked"
     weight_left_max_rows: int = 0
     dequant_row_chunk: int = 0
@@ -234,6 +244,8 @@ class BackendPolicy:
           then depends on the number of rows. Otherwise ``jnp.matmul(x, w.T)``: for one row XLA:CPU
           fuses the dequantization and the transpose into the product (a Q4_1 SmolLM2 decodes at
           35 tokens/s so, 9 with the stored form below).
+        - A stored float32 weight at ``precision=HIGH`` on the CPU runs in the AMX bf16x3 kernel
+          where it runs (:mod:`maxjax.backend.kernels.amx`; see ``encoder_precision``).
         - A stored weight is contracted in its stored layout (``lax.dot_general`` over its axis 1):
           ``jnp.matmul(x, w.T)`` leaves a transpose that XLA:CPU materialises for one row (a float32
           ``[2048, 8192]`` weight times one row: 97 ms, against 3.8 ms; never slower at 32 and 128
@@ -241,6 +253,8 @@ class BackendPolicy:
           2 rows on (a sentence alone and in a padded batch give the same numbers).
         """
         if stored and w.ndim == 2 and x.dtype == w.dtype:
+            if self.precision == lax.Precision.HIGH and self.platform == "cpu" and _amx_takes(x, w):
+                return _amx.matmul_t(x, w)
             if self.bfloat16_float32_dots and x.dtype == jnp.bfloat16:
                 return _bfloat16_matmul_t(x, w)
             return lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), precision=self.precision)
@@ -297,6 +311,12 @@ class BackendPolicy:
         return seq == 1 and not batch == 1
 
 
+def _amx_takes(x: Any, w: Any) -> bool:
+    """Whether ``x @ w.T`` runs in the AMX bf16x3 kernel here (shapes it takes; a CPU and build
+    that run it: the first call may build the kernels' library)."""
+    return _amx.supports(x, w) and _amx.available()
+
+
 def _bfloat16_dot_t(x: Any, w: Any) -> Any:
     """``x [..., in] @ w [out, in].T`` of bfloat16 operands with float32 results, rounded to bfloat16."""
     return lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32).astype(x.dtype)
@@ -336,6 +356,7 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
     return BackendPolicy(
         platform="cpu",
         precision=lax.Precision.HIGHEST,
+        encoder_precision=lax.Precision.HIGH if _amx.AMX_FLAGS <= flags else lax.Precision.HIGHEST,
         quantized_layout="nibbles" if avx512 else "unpacked",
         weight_left_max_rows=16,
         dequant_row_chunk=1024,

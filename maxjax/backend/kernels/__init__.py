@@ -52,7 +52,9 @@ __all__ = ["available", "unavailable_reason", "supports", "quantized_matmul", "l
 SOURCE = Path(__file__).with_name("matvec.cc")
 #: every C++ source built into the library: the matmul kernels and the host layout conversions
 #: (:mod:`maxjax.backend.kernels.layouts`)
-SOURCES = (SOURCE, Path(__file__).with_name("layouts.cc"))
+SOURCES = (SOURCE, Path(__file__).with_name("layouts.cc"), Path(__file__).with_name("amx.cc"))
+#: headers the sources include (part of the cached library's key)
+HEADERS = (Path(__file__).with_name("parallel.h"),)
 _TARGETS = ("maxjax_nibbles_matmul", "maxjax_unpacked_matmul")
 _LOCK = threading.Lock()  # one build and registration per process, whichever thread traces first
 
@@ -69,7 +71,7 @@ def library_path(compiler: str | None = None) -> Path:
 
     cxx = compiler or os.environ.get("CXX") or "c++"
     key = hashlib.sha256()
-    parts = (*(src.read_bytes() for src in SOURCES), cxx.encode(), _march().encode(), jaxlib.__version__.encode(), " ".join(sorted(cpu_features())).encode())
+    parts = (*(src.read_bytes() for src in (*SOURCES, *HEADERS)), cxx.encode(), _march().encode(), jaxlib.__version__.encode(), " ".join(sorted(cpu_features())).encode())
     for part in parts:
         key.update(part)
         key.update(b"\0")

@@ -11,6 +11,8 @@ with symbolic ``batch`` and ``seq`` dims made a pure function by :class:`~maxjax
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -111,11 +113,13 @@ class SentenceEncoder:
         self.module, self.config, self.head, self.tokenizer, self.source = module, module.config, module.head, tokenizer, source
         types = [TensorType(DType.int32, ["batch", "seq"]), TensorType(DType.int32, ["batch", "seq"])]
         self.graph = Graph("bert_encoder", forward=module, input_types=types)
-        self.program = Program(self.graph)
+        policy = policy_for()
+        # the policy's precision for encoders (CPU with AMX: bf16x3 products, see BackendPolicy)
+        self.program = Program(self.graph, policy=dataclasses.replace(policy, precision=policy.encoder_precision))
         self.state = self.program.prepare(module.state_dict())
         self.buckets = length_buckets(self.head.max_seq_length)
         #: most rows in one compiled pass (the backend policy's ``encoder_rows``)
-        self.rows_per_pass = policy_for().encoder_rows
+        self.rows_per_pass = policy.encoder_rows
         self.num_compiles = 0
         program = self.program
 

@@ -1,0 +1,107 @@
+"""The AMX bf16x3 float32 product (maxjax/backend/kernels/amx.cc) against float64 numpy, and its
+place in the backend policy (``precision=HIGH`` on the CPU, the encoders' ``encoder_precision``).
+
+The kernel's tests run only on a CPU with AMX-BF16 (Sapphire Rapids and later Xeons); the policy's
+choices are checked on any machine from feature sets."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from maxjax.backend import policy_for
+from maxjax.backend.kernels import amx
+from maxjax.backend.policy import cpu_policy
+
+needs_amx = pytest.mark.skipif(not amx.available(), reason=f"AMX bf16x3 kernel unavailable: {amx.unavailable_reason()}")
+
+# x is split exactly into three bfloat16 parts and w into two (w_hi + w_lo: 16 of float32's 24 bits),
+# so each product's error relative to |x| |w| is at most about 2^-16
+BOUND = 2.0**-15
+
+
+def _rel_err(out: np.ndarray, x: np.ndarray, w: np.ndarray) -> float:
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    ref = x64 @ w64.T
+    scale = np.abs(x64) @ np.abs(w64).T
+    return float((np.abs(out.astype(np.float64) - ref) / scale).max())
+
+
+@needs_amx
+@pytest.mark.parametrize("m,k,n", [(1, 32, 32), (5, 64, 96), (33, 384, 384), (100, 1536, 384), (257, 384, 1536), (64, 2048, 64)])
+def test_matches_float64_within_the_bf16x3_bound(m, k, n):
+    rng = np.random.default_rng(m + k + n)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = (rng.standard_normal((n, k)) * np.exp(rng.standard_normal((n, 1)))).astype(np.float32)  # rows of different scales
+    out = np.asarray(jax.jit(amx.matmul_t)(x, w))
+    assert out.shape == (m, n) and out.dtype == np.float32
+    err = _rel_err(out, x, w)
+    assert err < BOUND, err
+    assert err > 0  # not the float32 product: the kernel really ran (XLA's float32 product is exact to 2^-24)
+
+
+@needs_amx
+def test_rows_are_independent_and_leading_axes_kept():
+    """A row's result is the same bits alone, in a batch, and in a batch whose row count is not a
+    multiple of the 32-row blocks (the padded block)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 35, 384)).astype(np.float32)
+    w = rng.standard_normal((96, 384)).astype(np.float32)
+    f = jax.jit(amx.matmul_t)
+    batch = np.asarray(f(x, w))
+    assert batch.shape == (2, 35, 96)
+    for b, r in ((0, 0), (0, 34), (1, 17)):
+        np.testing.assert_array_equal(np.asarray(f(x[b, r : r + 1], w))[0], batch[b, r])
+
+
+@needs_amx
+def test_gradients_are_the_float32_products():
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((40, 64)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((32, 64)), jnp.float32)
+    t = jnp.asarray(rng.standard_normal((40, 32)), jnp.float32)
+
+    def loss(f):
+        return lambda x, w: jnp.sum(f(x, w) * t)
+
+    exact = lambda x, w: lax.dot_general(x, w, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST)  # noqa: E731
+    gx, gw = jax.grad(loss(amx.matmul_t), argnums=(0, 1))(x, w)
+    ex, ew = jax.grad(loss(exact), argnums=(0, 1))(x, w)
+    np.testing.assert_allclose(gx, ex, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gw, ew, rtol=1e-5, atol=1e-5)
+
+
+def test_supports_only_float32_multiples_of_32():
+    x = jnp.zeros((3, 64), jnp.float32)
+    assert amx.supports(x, jnp.zeros((32, 64), jnp.float32))
+    assert not amx.supports(x, jnp.zeros((48, 64), jnp.float32))  # N
+    assert not amx.supports(jnp.zeros((3, 48)), jnp.zeros((32, 48), jnp.float32))  # K
+    assert not amx.supports(x.astype(jnp.bfloat16), jnp.zeros((32, 64), jnp.bfloat16))
+    assert not amx.supports(x, jnp.zeros((2, 32, 64), jnp.float32))  # a stack
+
+
+def test_policy_precision_for_encoders_by_cpu():
+    spr = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"})
+    zen4 = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16"})
+    assert cpu_policy(spr).encoder_precision == lax.Precision.HIGH
+    assert cpu_policy(zen4).encoder_precision == lax.Precision.HIGHEST
+    assert cpu_policy(spr).precision == lax.Precision.HIGHEST  # other programs stay exact
+
+
+def _uses_kernel(policy, x, w) -> bool:
+    return "maxjax_bf16x3_matmul" in str(jax.jit(lambda x, w: policy.matmul_t(x, w, stored=True)).lower(x, w).as_text())
+
+
+def test_policy_runs_the_kernel_only_at_high_precision_and_where_it_takes_the_shapes():
+    import dataclasses
+
+    base = policy_for("cpu")
+    high = dataclasses.replace(base, precision=lax.Precision.HIGH)
+    x, w = jnp.ones((4, 64), jnp.float32), jnp.ones((32, 64), jnp.float32)
+    assert not _uses_kernel(base, x, w)
+    assert _uses_kernel(high, x, w) == amx.available()
+    assert not _uses_kernel(high, jnp.ones((4, 48)), jnp.ones((32, 48)))  # K not a multiple of 32: XLA, exact
+    np.testing.assert_array_equal(high.matmul_t(jnp.ones((4, 48)), jnp.ones((32, 48)), stored=True), np.full((4, 32), 48.0))
