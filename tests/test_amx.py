@@ -1,4 +1,4 @@
-"""The AMX bf16x3 float32 product (maxjax/backend/kernels/amx.cc) against float64 numpy, and its
+"""The AMX float32 product (four bfloat16 passes, maxjax/backend/kernels/amx.cc) against float64 numpy, and its
 place in the backend policy (``precision=HIGH`` on the CPU, the encoders' ``encoder_precision``).
 
 The kernel's tests run only on a CPU with AMX-BF16 (Sapphire Rapids and later Xeons); the policy's

@@ -6,9 +6,9 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   float32 products exactly whatever it is told); GPU and TPU: None, XLA's default (TF32 on
   recent NVIDIA GPUs, one bfloat16 pass on TPU): pass a policy with ``HIGHEST`` for exact float32.
 - ``encoder_precision``: the ``precision`` an encoder's inference program (sentence embeddings)
-  runs at. CPU with AMX-BF16 (:mod:`maxjax.backend.kernels.amx`): ``HIGH``, JAX's "bfloat16_3x":
-  a stored float32 weight's products run in three bfloat16 passes on the AMX tiles, relative error
-  about 2^-16 per product (all-MiniLM-L6-v2: cosine to the float32 reference at least 0.99999,
+  runs at. CPU with AMX-BF16 (:mod:`maxjax.backend.kernels.amx`): ``HIGH`` (JAX's class of
+  "bfloat16_3x"): a stored float32 weight's products run in four bfloat16 passes on the AMX tiles,
+  relative error about 2^-16 per product (all-MiniLM-L6-v2: cosine to the float32 reference at least 0.99999,
   the issue's bar); other CPUs: ``HIGHEST``; GPU and TPU: None. On the CPU, ``precision=HIGH`` runs
   a float32 ``Linear`` (K and N multiples of 32) in that kernel where it is available, and exactly
   elsewhere.
@@ -244,7 +244,7 @@ class BackendPolicy:
           then depends on the number of rows. Otherwise ``jnp.matmul(x, w.T)``: for one row XLA:CPU
           fuses the dequantization and the transpose into the product (a Q4_1 SmolLM2 decodes at
           35 tokens/s so, 9 with the stored form below).
-        - A stored float32 weight at ``precision=HIGH`` on the CPU runs in the AMX bf16x3 kernel
+        - A stored float32 weight at ``precision=HIGH`` on the CPU runs in the AMX kernel
           where it runs (:mod:`maxjax.backend.kernels.amx`; see ``encoder_precision``).
         - A stored weight is contracted in its stored layout (``lax.dot_general`` over its axis 1):
           ``jnp.matmul(x, w.T)`` leaves a transpose that XLA:CPU materialises for one row (a float32
@@ -312,7 +312,7 @@ class BackendPolicy:
 
 
 def _amx_takes(x: Any, w: Any) -> bool:
-    """Whether ``x @ w.T`` runs in the AMX bf16x3 kernel here (shapes it takes; a CPU and build
+    """Whether ``x @ w.T`` runs in the AMX kernel here (shapes it takes; a CPU and build
     that run it: the first call may build the kernels' library)."""
     return _amx.supports(x, w) and _amx.available()
 

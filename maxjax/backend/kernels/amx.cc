@@ -1,22 +1,25 @@
-// float32 products on the CPU's AMX tiles, in three bfloat16 passes ("bf16x3"): an XLA FFI handler
+// float32 products on the CPU's AMX tiles, in four bfloat16 passes: an XLA FFI handler
 // (https://docs.jax.dev/en/latest/ffi.html) that maxjax registers with jax.ffi where the CPU has
-// AMX-BF16 (see maxjax/backend/kernels/__init__.py) and the backend policy asks for it.
+// AMX-BF16 (see maxjax/backend/kernels/amx.py) and the backend policy asks for it.
 //
 // out[m, n] = sum_k x[m, k] * w[n, k], for x float32 [M, K] and w float32 [N, K] (a Linear's
-// stored weight). Each float32 value is split into two bfloat16 values, v = hi + lo with
-// hi = bf16(v) and lo = bf16(v - hi) (round to nearest even), and the product is
-//   x_hi w_hi + x_hi w_lo + x_lo w_hi
-// accumulated in float32 by the tiles' TDPBF16PS: the term dropped, x_lo w_lo, and the rounding
-// of lo leave a relative error of about 2^-16 per product, against float32's 2^-24 (JAX calls
-// this precision "bfloat16_3x", lax.Precision.HIGH, on TPUs; Henry, Tang and Heinecke,
-// "Leveraging the bfloat16 Artificial Intelligence Datatype For Higher-Precision Computations",
-// ARITH 2019). On a 2-core Sapphire Rapids Xeon one bfloat16 pass runs at about 1 TFLOP/s per
-// core, so the three passes beat XLA:CPU's float32 GEMM (about 100 GFLOP/s per core) several
-// times over.
+// stored weight). x is split exactly into three bfloat16 parts (hi = bf16(x), mid = bf16(x - hi),
+// lo = x - hi - mid: 24 bits in three 8-bit pieces) and w into two (w_hi + w_lo, 16 of its 24
+// bits), and the product is
+//   x_hi w_hi + x_hi w_lo + x_mid w_hi + x_lo w_hi
+// accumulated in float32 by the tiles' TDPBF16PS. Its error relative to |x| |w| is about 2^-16
+// (w's lost bits and the dropped terms x_mid w_lo, x_lo w_lo), against float32's 2^-24: JAX's
+// lax.Precision.HIGH class ("bfloat16_3x" on TPUs; Henry, Tang and Heinecke, "Leveraging the
+// bfloat16 Artificial Intelligence Datatype For Higher-Precision Computations", ARITH 2019). The
+// fourth pass makes x's split exact, so the result is a fixed linear map of x's value: a change of
+// one ulp in x (a row computed inside a padded batch) moves the result by about that much, where
+// the three-pass form (x = hi + bf16(x - hi)) moved it by up to 2^-17 (all-MiniLM-L6-v2's padding
+// invariance, 1e-6, failed by one value in 384 with three passes). On a 2-core Sapphire Rapids
+// Xeon the passes run at about 1 TFLOP/s per core, against XLA:CPU's float32 GEMM at about 100.
 //
-// Each call first writes, in scratch buffers the caller passes as extra results:
-//   a: x as bfloat16 [Mp, 2K], row m = (hi(x[m]), lo(x[m])), rows M..Mp (Mp: M rounded up to 32)
-//      zero;
+// Each call first writes, in scratch buffers kept between calls (Scratch):
+//   a: x as bfloat16 [Mp, 3K], row m = the three parts of x[m] (hi, mid, lo: exact), rows M..Mp
+//      (Mp: M rounded up to 32) zero;
 //   b: w as bfloat16 tiles [N / 16][2K / 2][16][2]: for each block of 16 output columns, the pairs
 //      (k, k + 1) of each column side by side (the tiles' VNNI layout), hi(w) for k < K, then
 //      lo(w).
@@ -33,7 +36,10 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
@@ -227,21 +233,52 @@ constexpr int64_t kKChunk = 1536;
 constexpr int64_t kPanelBytes = int64_t(1280) << 10;
 constexpr int64_t kPanelColumns = 384;
 
-ffi::Error Bf16x3Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::ResultBuffer<ffi::F32> out,
-                        ffi::ResultBuffer<ffi::U16> a_scratch, ffi::ResultBuffer<ffi::U16> b_scratch) {
+// Scratch buffers, kept for the next call: a fresh buffer of a few MiB costs more in first-touch
+// page faults than the products it serves (XLA:CPU allocates its temporaries per run). Calls that
+// run at once (XLA runs independent products together) take different buffers.
+class Scratch {
+ public:
+  explicit Scratch(int64_t values) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = 0; i < free_.size(); ++i) {
+      if (free_[i].second >= values) {
+        buf_ = std::move(free_[i]);
+        free_.erase(free_.begin() + i);
+        return;
+      }
+    }
+    if (!free_.empty()) free_.erase(free_.begin());  // a smaller one: replaced by this larger one
+    buf_ = {Ptr(static_cast<uint16_t*>(::operator new[](values * sizeof(uint16_t), std::align_val_t(64)))), values};
+  }
+  ~Scratch() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(std::move(buf_));
+  }
+  uint16_t* data() const { return buf_.first.get(); }
+
+ private:
+  struct Free {
+    void operator()(uint16_t* p) const { ::operator delete[](p, std::align_val_t(64)); }
+  };
+  using Ptr = std::unique_ptr<uint16_t[], Free>;
+  std::pair<Ptr, int64_t> buf_;
+  static inline std::mutex mutex_;
+  static inline std::vector<std::pair<Ptr, int64_t>> free_;
+};
+
+ffi::Error Bf16x3Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::ResultBuffer<ffi::F32> out) {
   auto xd = x.dimensions(), wd = w.dimensions();
   if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1]) return ffi::Error::InvalidArgument("bf16x3 matmul: x [M, K] and w [N, K] disagree");
   const int64_t m = xd[0], k = xd[1], n = wd[0];
   if (k % 32 || n % 32) return ffi::Error::InvalidArgument("bf16x3 matmul: K and N must be multiples of 32");
   const int64_t mp = (m + 31) / 32 * 32;
-  if (int64_t(out->element_count()) != m * n || int64_t(a_scratch->element_count()) < mp * kXParts * k ||
-      int64_t(b_scratch->element_count()) < n * 2 * k)
-    return ffi::Error::InvalidArgument("bf16x3 matmul: output or scratch of the wrong size");
+  if (int64_t(out->element_count()) != m * n) return ffi::Error::InvalidArgument("bf16x3 matmul: the output's shape");
   if (m == 0) return ffi::Error::Success();
   const float* xp = x.typed_data();
   const float* wp = w.typed_data();
-  uint16_t* a = a_scratch->typed_data();
-  uint16_t* b = b_scratch->typed_data();
+  Scratch a_scratch(mp * kXParts * k), b_scratch(n * 2 * k);
+  uint16_t* a = a_scratch.data();
+  uint16_t* b = b_scratch.data();
   float* o = out->typed_data();
   // 1. split x (16 rows a task) and lay out w (one 16-column block a task)
   const int64_t row_tasks = mp / 16, col_tasks = n / 16;
@@ -282,7 +319,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_bf16x3_matmul, Bf16x3Matmul,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // x [M, K]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // w [N, K]
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out [M, N]
-                                  .Ret<ffi::Buffer<ffi::U16>>()  // scratch: x split [Mp * 2K]
-                                  .Ret<ffi::Buffer<ffi::U16>>()  // scratch: w split, in tiles [N * 2K]
 );
 #endif  // MAXJAX_AMX

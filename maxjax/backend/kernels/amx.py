@@ -1,12 +1,14 @@
-"""float32 products of a stored weight on the CPU's AMX tiles, in three bfloat16 passes.
+"""float32 products of a stored weight on the CPU's AMX tiles, in four bfloat16 passes.
 
 ``amx.cc`` (built into the kernels' library, see :mod:`maxjax.backend.kernels`) computes
-``x @ w.T`` for float32 ``x [M, K]`` and ``w [N, K]`` as ``x_hi w_hi + x_hi w_lo + x_lo w_hi``,
-each value split into two bfloat16 parts (``hi = bf16(v)``, ``lo = bf16(v - hi)``) and the
-products accumulated in float32 by AMX's ``TDPBF16PS``: JAX's ``lax.Precision.HIGH``
-("bfloat16_3x") as TPUs compute it (Henry, Tang and Heinecke, "Leveraging the bfloat16 Artificial
-Intelligence Datatype For Higher-Precision Computations", ARITH 2019). The relative error of each
-product is about 2^-16 (float32: 2^-24).
+``x @ w.T`` for float32 ``x [M, K]`` and ``w [N, K]`` as
+``x_hi w_hi + x_hi w_lo + x_mid w_hi + x_lo w_hi``: ``x`` split exactly into three bfloat16 parts,
+``w`` into two (16 of its 24 bits), the products accumulated in float32 by AMX's ``TDPBF16PS``.
+The error relative to ``|x| |w|`` is about 2^-16 (float32: 2^-24), the class of JAX's
+``lax.Precision.HIGH`` ("bfloat16_3x" on TPUs; Henry, Tang and Heinecke, "Leveraging the bfloat16
+Artificial Intelligence Datatype For Higher-Precision Computations", ARITH 2019); since ``x``'s
+split is exact, the result moves with ``x`` as a fixed linear map (a row inside a padded batch
+gives what it gives alone, to float32 rounding). Each row's result is independent of the others.
 
 It runs where the CPU has AMX-BF16 (Sapphire Rapids and later Xeons), Linux grants the tile state
 (``arch_prctl``), and the kernels' library builds; :func:`available` says whether it does here.
@@ -75,19 +77,13 @@ def _forward(x: Any, w: Any) -> jax.Array:
     lead, k = x.shape[:-1], x.shape[-1]
     n = w.shape[0]
     m = math.prod(lead)
-    mp = -(-m // 32) * 32
-    shapes = (
-        jax.ShapeDtypeStruct((m, n), jnp.float32),
-        jax.ShapeDtypeStruct((mp * 3 * k,), jnp.uint16),  # scratch: x split
-        jax.ShapeDtypeStruct((n * 2 * k,), jnp.uint16),  # scratch: w split, in tiles
-    )
-    out, _, _ = jax.ffi.ffi_call(_TARGET, shapes, vmap_method="sequential")(x.reshape(m, k), w)
+    out = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((m, n), jnp.float32), vmap_method="sequential")(x.reshape(m, k), w)
     return out.reshape(*lead, n)
 
 
 @jax.custom_vjp
 def matmul_t(x: Any, w: Any) -> jax.Array:
-    """``x @ w.T`` at bf16x3 precision: ``x`` float32 ``[..., K]``, ``w`` float32 ``[N, K]`` ->
+    """``x @ w.T`` at ``Precision.HIGH`` (four bfloat16 passes on AMX): ``x`` float32 ``[..., K]``, ``w`` float32 ``[N, K]`` ->
     float32 ``[..., N]`` (each row's result independent of the other rows). Call only where
     :func:`supports` and :func:`available`; its gradients are float32 XLA products."""
     return _forward(x, w)
