@@ -114,7 +114,7 @@ class SentenceEncoder:
         types = [TensorType(DType.int32, ["batch", "seq"]), TensorType(DType.int32, ["batch", "seq"])]
         self.graph = Graph("bert_encoder", forward=module, input_types=types)
         policy = policy_for()
-        # the policy's precision for encoders (CPU with AMX: bf16x3 products, see BackendPolicy)
+        # the policy's precision for encoders (HIGH: the CPU's AMX kernel, see BackendPolicy)
         self.program = Program(self.graph, policy=dataclasses.replace(policy, precision=policy.encoder_precision))
         self.state = self.program.prepare(module.state_dict())
         self.buckets = length_buckets(self.head.max_seq_length)
