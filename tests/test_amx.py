@@ -83,10 +83,27 @@ def test_supports_only_float32_multiples_of_32():
     assert not amx.supports(x, jnp.zeros((2, 32, 64), jnp.float32))  # a stack
 
 
-def test_policy_keeps_exact_float32_by_default():
+def test_policy_precision_for_encoders_by_cpu():
     spr = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"})
-    assert cpu_policy(spr).encoder_precision == lax.Precision.HIGHEST  # the kernel is opt-in (see the policy)
-    assert cpu_policy(spr).precision == lax.Precision.HIGHEST
+    zen4 = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16"})
+    assert cpu_policy(spr).encoder_precision == lax.Precision.HIGH
+    assert cpu_policy(zen4).encoder_precision == lax.Precision.HIGHEST
+    assert cpu_policy(spr).precision == lax.Precision.HIGHEST  # other programs stay exact
+
+
+@needs_amx
+def test_a_laid_out_weight_gives_the_bits_of_the_per_call_layout():
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal((3, 50, 384)), jnp.float32)
+    w = rng.standard_normal((1536, 384)).astype(np.float32)
+    laid = amx.lay_out(w)
+    assert isinstance(laid, amx.AmxWeight) and laid.shape == (1536, 384) and laid.tiles.shape == (96, 384, 32)
+    f = jax.jit(amx.matmul_t)
+    np.testing.assert_array_equal(f(x, laid), f(x, jnp.asarray(w)))
+    with pytest.raises(ValueError, match=r"float32\[48, 384\]"):
+        amx.lay_out(np.zeros((48, 384), np.float32))
+    with pytest.raises(ValueError, match="cannot multiply"):
+        amx.matmul_t(jnp.zeros((2, 64), jnp.float32), laid)
 
 
 @needs_amx
@@ -106,6 +123,11 @@ def test_encoder_at_high_precision_meets_the_reference_and_padding_invariance(mo
     high = dataclasses.replace(policy_for("cpu"), encoder_precision=lax.Precision.HIGH)
     monkeypatch.setattr(encoder_module, "policy_for", lambda: high)
     enc = load_encoder()
+    layers = enc.state["stacked"][0]  # one scanned chain, one buffer per layer on the CPU
+    for name in ("attention.o_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"):  # only multiplied as stored
+        assert all(isinstance(a, amx.AmxWeight) for a in layers[name].layers), name
+    for name in ("attention.q_proj.weight", "mlp.up_proj.bias"):  # q/k/v are concatenated first; a bias is added
+        assert not any(isinstance(a, amx.AmxWeight) for a in jax.tree.leaves(layers[name], is_leaf=lambda a: isinstance(a, amx.AmxWeight))), name
     assert "maxjax_bf16x3_matmul" in enc.apply.lower(enc.state, *enc.pad([[101, 102]])).as_text()
     emb = enc.embed(sentences, batch_size=32)
     cos = (emb * ref["embeddings"]).sum(1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(ref["embeddings"], axis=1)

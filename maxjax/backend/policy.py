@@ -9,11 +9,11 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   runs at. On the CPU, ``precision=HIGH`` runs a stored float32 ``Linear`` product (K and N
   multiples of 32) in four bfloat16 passes on the AMX tiles where the CPU has AMX-BF16
   (:mod:`maxjax.backend.kernels.amx`; relative error about 2^-16 per product, JAX's class of
-  "bfloat16_3x"), exactly elsewhere. CPU: ``HIGHEST`` for now, so the kernel is opt-in
-  (``dataclasses.replace(policy, encoder_precision=lax.Precision.HIGH)``): on a 2-core Sapphire
-  Rapids Xeon it made all-MiniLM-L6-v2's 32-row passes 1.2-1.5x faster (interleaved, same
-  process) and kept the cosine bar (0.99999) and padding invariance (1e-6), but one-sentence
-  passes were slower, since each call lays out the weight again; GPU and TPU: None.
+  "bfloat16_3x"), exactly elsewhere; the program lays out the weights it only multiplies so once,
+  when its state is prepared. CPU with AMX-BF16: ``HIGH`` (all-MiniLM-L6-v2 on a 2-core Sapphire
+  Rapids Xeon, ``benchmarks/embed.py``: 285 against 146-172 sentences/s at batch 32, cosine to
+  the float32 reference at least 0.99999 and padding invariance to 1e-6 kept); other CPUs:
+  ``HIGHEST``; GPU and TPU: None.
 - ``quantized_layout``: how a GGUF-quantized weight sits in device memory at run time (a layout
   name of :mod:`maxjax.graph.quantization`). CPU with AVX-512: ``"nibbles"`` (4 bits per value;
   as fast as one byte per value there, for half the memory); CPU without it: ``"unpacked"`` (one
@@ -247,13 +247,17 @@ class BackendPolicy:
           fuses the dequantization and the transpose into the product (a Q4_1 SmolLM2 decodes at
           35 tokens/s so, 9 with the stored form below).
         - A stored float32 weight at ``precision=HIGH`` on the CPU runs in the AMX kernel
-          where it runs (:mod:`maxjax.backend.kernels.amx`; see ``encoder_precision``).
+          where it runs (:mod:`maxjax.backend.kernels.amx`; see ``encoder_precision``), as does
+          an :class:`~maxjax.backend.kernels.amx.AmxWeight` (a program at ``HIGH`` lays out the
+          weights it only multiplies so, once, when its state is prepared).
         - A stored weight is contracted in its stored layout (``lax.dot_general`` over its axis 1):
           ``jnp.matmul(x, w.T)`` leaves a transpose that XLA:CPU materialises for one row (a float32
           ``[2048, 8192]`` weight times one row: 97 ms, against 3.8 ms; never slower at 32 and 128
           rows). Never weight-left, so each row's result is independent of the other rows from
           2 rows on (a sentence alone and in a padded batch give the same numbers).
         """
+        if isinstance(w, _amx.AmxWeight):  # laid out for the AMX kernel when the program was prepared
+            return _amx.matmul_t(x, w)
         if stored and w.ndim == 2 and x.dtype == w.dtype:
             if self.precision == lax.Precision.HIGH and self.platform == "cpu" and _amx_takes(x, w):
                 return _amx.matmul_t(x, w)
@@ -358,7 +362,7 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
     return BackendPolicy(
         platform="cpu",
         precision=lax.Precision.HIGHEST,
-        encoder_precision=lax.Precision.HIGHEST,
+        encoder_precision=lax.Precision.HIGH if _amx.AMX_FLAGS <= flags else lax.Precision.HIGHEST,
         quantized_layout="nibbles" if avx512 else "unpacked",
         weight_left_max_rows=16,
         dequant_row_chunk=1024,

@@ -21,9 +21,11 @@ import dataclasses
 from typing import Any, Callable, Mapping
 
 import jax
+from jax import lax
 import numpy as np
 
 from maxjax.backend import BackendPolicy, policy_for
+from maxjax.backend.kernels import amx
 from maxjax.backend.policy import LAYER_WEIGHTS
 from maxjax.driver import jax_device_of, to_host_array, to_jax_array
 from maxjax.dtype import DType
@@ -152,7 +154,7 @@ class Program:
         weights = {}
         for k in self._plain_keys:
             w = self.graph._weights[k].weight
-            weights[k] = self._place(w, [registry[k]], self._target(w, device), k in self.graph._packed_only, False)
+            weights[k] = self._lay_out(self._place(w, [registry[k]], self._target(w, device), k in self.graph._packed_only, False), self.graph._weight_uses.get(k))
             tick(k)
         stacked = []
         for chain in self.chains:
@@ -164,7 +166,8 @@ class Program:
                 w = entry.weight  # layer 0's: every layer of a chain has its shape, layout and sharding
                 target = self._target(w, device, stacked=True)
                 if self._per_layer(w, target):  # one buffer per layer, no stacking copy
-                    placed[k] = LayerWeights([self._place(w, [v], self._target(w, device), False, False) for v in values])
+                    uses = chain.sub._weight_uses.get(k)
+                    placed[k] = LayerWeights([self._lay_out(self._place(w, [v], self._target(w, device), False, False), uses) for v in values])
                 else:
                     placed[k] = self._place(w, values, target, k in chain.sub._packed_only, True)
                 for p in chain.prefixes:
@@ -200,6 +203,16 @@ class Program:
         if w._quantized_class() is not None:  # another encoding: its class reads the stored value
             return jax.device_put(w.as_value(value), target)
         return to_jax_array(value, target)
+
+    def _lay_out(self, value: Any, uses: Any) -> Any:
+        """``value`` in the AMX kernel's layout (:class:`~maxjax.backend.kernels.amx.AmxWeight`)
+        where the program runs at ``precision=HIGH`` on the CPU, every op multiplies the weight as
+        stored (``Linear``), and the kernel takes it; else ``value``."""
+        if not (self.policy.platform == "cpu" and self.policy.precision == lax.Precision.HIGH and uses == {"stored_rhs"}):
+            return value
+        if not isinstance(value, jax.Array) or len(value.sharding.device_set) != 1 or not amx.lays_out(value.shape, value.dtype):
+            return value
+        return amx.lay_out(value, next(iter(value.sharding.device_set)))
 
     def _per_layer(self, w: Any, target: Any) -> bool:
         """Whether a chain's placeholder weight ``w`` is kept as one buffer per layer: a float

@@ -460,6 +460,8 @@ class Graph:
         self._subgraphs: dict[str, Graph] = {}
         #: keys of quantized weights an op reads as raw GGUF bytes (they stay in the packed layout)
         self._packed_only: set[str] = set()
+        #: how ops use each weight (by key): ``"stored_rhs"`` (``Linear``'s product), ``"other"``
+        self._weight_uses: dict[str, set[str]] = {}
         self._weights_view: Any = None
         self._jitted: Any = None
         self._trace_count = 0

@@ -239,6 +239,7 @@ constexpr int64_t kPanelColumns = 384;
 class Scratch {
  public:
   explicit Scratch(int64_t values) {
+    if (values == 0) return;  // none needed
     std::lock_guard<std::mutex> lock(mutex_);
     for (size_t i = 0; i < free_.size(); ++i) {
       if (free_[i].second >= values) {
@@ -251,6 +252,7 @@ class Scratch {
     buf_ = {Ptr(static_cast<uint16_t*>(::operator new[](values * sizeof(uint16_t), std::align_val_t(64)))), values};
   }
   ~Scratch() {
+    if (!buf_.first) return;
     std::lock_guard<std::mutex> lock(mutex_);
     free_.push_back(std::move(buf_));
   }
@@ -266,30 +268,24 @@ class Scratch {
   static inline std::vector<std::pair<Ptr, int64_t>> free_;
 };
 
-ffi::Error Bf16x3Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::ResultBuffer<ffi::F32> out) {
-  auto xd = x.dimensions(), wd = w.dimensions();
-  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1]) return ffi::Error::InvalidArgument("bf16x3 matmul: x [M, K] and w [N, K] disagree");
-  const int64_t m = xd[0], k = xd[1], n = wd[0];
-  if (k % 32 || n % 32) return ffi::Error::InvalidArgument("bf16x3 matmul: K and N must be multiples of 32");
+// out = x @ w.T for x float32 [m, k] and w laid out in b (pack_columns), or, with b null, w
+// float32 [n, k] laid out here first.
+void run(ffi::ThreadPool& pool, const float* xp, int64_t m, int64_t k, int64_t n, const float* wp, const uint16_t* b, float* o) {
   const int64_t mp = (m + 31) / 32 * 32;
-  if (int64_t(out->element_count()) != m * n) return ffi::Error::InvalidArgument("bf16x3 matmul: the output's shape");
-  if (m == 0) return ffi::Error::Success();
-  const float* xp = x.typed_data();
-  const float* wp = w.typed_data();
-  Scratch a_scratch(mp * kXParts * k), b_scratch(n * 2 * k);
+  Scratch a_scratch(mp * kXParts * k), b_scratch(b ? 0 : n * 2 * k);
   uint16_t* a = a_scratch.data();
-  uint16_t* b = b_scratch.data();
-  float* o = out->typed_data();
+  uint16_t* b_laid = b_scratch.data();
   // 1. split x (16 rows a task) and lay out w (one 16-column block a task)
-  const int64_t row_tasks = mp / 16, col_tasks = n / 16;
-  parallel_for(pool, row_tasks + col_tasks, m * k + n * k, [&](int64_t t0, int64_t t1) {
+  const int64_t row_tasks = mp / 16, col_tasks = b ? 0 : n / 16;
+  parallel_for(pool, row_tasks + col_tasks, m * k + (b ? 0 : n * k), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       if (t < row_tasks)
         split_rows(xp, m, k, a, t * 16, t * 16 + 16);
       else
-        pack_columns(wp, k, b, t - row_tasks, t - row_tasks + 1);
+        pack_columns(wp, k, b_laid, t - row_tasks, t - row_tasks + 1);
     }
   });
+  if (!b) b = b_laid;
   // 2. the products: per chunk of columns of x and w, tasks are (panel, 32-row block) pairs,
   // panel-major, so that consecutive tasks reuse a panel of b
   const int64_t row_blocks = mp / 32;
@@ -308,6 +304,31 @@ ffi::Error Bf16x3Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
       _tile_release();
     });
   }
+}
+
+ffi::Error check(int64_t m, int64_t k, int64_t n, int64_t out_values) {
+  if (k % 32 || n % 32) return ffi::Error::InvalidArgument("bf16x3 matmul: K and N must be multiples of 32");
+  if (out_values != m * n) return ffi::Error::InvalidArgument("bf16x3 matmul: the output's shape");
+  return ffi::Error::Success();
+}
+
+ffi::Error Bf16x3Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::ResultBuffer<ffi::F32> out) {
+  auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1]) return ffi::Error::InvalidArgument("bf16x3 matmul: x [M, K] and w [N, K] disagree");
+  const int64_t m = xd[0], k = xd[1], n = wd[0];
+  if (auto e = check(m, k, n, out->element_count()); e.failure()) return e;
+  if (m) run(pool, x.typed_data(), m, k, n, w.typed_data(), nullptr, out->typed_data());
+  return ffi::Error::Success();
+}
+
+// The same with w already laid out (maxjax_amx_lay_out): tiles uint16 [N / 16, K, 32].
+ffi::Error Bf16x3MatmulLaidOut(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U16> tiles, ffi::ResultBuffer<ffi::F32> out) {
+  auto xd = x.dimensions(), td = tiles.dimensions();
+  if (xd.size() != 2 || td.size() != 3 || td[1] != xd[1] || td[2] != 32)
+    return ffi::Error::InvalidArgument("bf16x3 matmul: x [M, K] and tiles [N / 16, K, 32] disagree");
+  const int64_t m = xd[0], k = xd[1], n = td[0] * 16;
+  if (auto e = check(m, k, n, out->element_count()); e.failure()) return e;
+  if (m) run(pool, x.typed_data(), m, k, n, nullptr, tiles.typed_data(), out->typed_data());
   return ffi::Error::Success();
 }
 
@@ -320,4 +341,21 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_bf16x3_matmul, Bf16x3Matmul,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // w [N, K]
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out [M, N]
 );
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_bf16x3_matmul_laid_out, Bf16x3MatmulLaidOut,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [M, K]
+                                  .Arg<ffi::Buffer<ffi::U16>>()  // w's tiles [N / 16, K, 32]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // out [M, N]
+);
+
+// w float32 [n, k] (n and k multiples of 32) -> its tiles, uint16 [n / 16, k, 32] (see
+// pack_columns), on the host: once per weight, when a program's state is prepared. 0, or -1 for
+// shapes it cannot take.
+extern "C" int maxjax_amx_lay_out(const float* w, int64_t n, int64_t k, uint16_t* tiles) {
+  if (n % 32 || k % 32) return -1;
+  pack_columns(w, k, tiles, 0, n / 16);
+  return 0;
+}
 #endif  // MAXJAX_AMX

@@ -18,6 +18,7 @@ The backend policy decides when it is used (``precision=HIGH`` on the CPU, see
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 from typing import Any
@@ -27,11 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-__all__ = ["AMX_FLAGS", "available", "unavailable_reason", "supports", "matmul_t"]
+__all__ = ["AMX_FLAGS", "AmxWeight", "available", "unavailable_reason", "supports", "lays_out", "lay_out", "matmul_t"]
 
 #: the ``/proc/cpuinfo`` flags the kernel needs
 AMX_FLAGS = frozenset({"amx_tile", "amx_bf16", "avx512_bf16", "avx512bw"})
 _TARGET = "maxjax_bf16x3_matmul"
+_TARGET_LAID_OUT = "maxjax_bf16x3_matmul_laid_out"
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,7 +54,11 @@ def unavailable_reason() -> str | None:
     err = lib.maxjax_amx_enable()
     if err:
         return f"Linux refused the AMX tile state (arch_prctl errno {err})"
-    jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.maxjax_bf16x3_matmul), platform="cpu")
+    for name in (_TARGET, _TARGET_LAID_OUT):
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
+    fn = lib.maxjax_amx_lay_out
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
     return None
 
 
@@ -81,11 +87,19 @@ def _forward(x: Any, w: Any) -> jax.Array:
     return out.reshape(*lead, n)
 
 
-@jax.custom_vjp
 def matmul_t(x: Any, w: Any) -> jax.Array:
-    """``x @ w.T`` at ``Precision.HIGH`` (four bfloat16 passes on AMX): ``x`` float32 ``[..., K]``, ``w`` float32 ``[N, K]`` ->
-    float32 ``[..., N]`` (each row's result independent of the other rows). Call only where
-    :func:`supports` and :func:`available`; its gradients are float32 XLA products."""
+    """``x @ w.T`` at ``Precision.HIGH`` (four bfloat16 passes on AMX): ``x`` float32 ``[..., K]``,
+    ``w`` float32 ``[N, K]`` or an :class:`AmxWeight` -> float32 ``[..., N]`` (each row's result
+    independent of the other rows). Call only where :func:`supports` (or the weight was laid out)
+    and :func:`available`. Gradients: float32 XLA products for an array ``w``; none through an
+    :class:`AmxWeight`."""
+    if isinstance(w, AmxWeight):
+        return _laid_out_matmul_t(x, w)
+    return _matmul_t(x, w)
+
+
+@jax.custom_vjp
+def _matmul_t(x: Any, w: Any) -> jax.Array:
     return _forward(x, w)
 
 
@@ -102,4 +116,76 @@ def _bwd(res: tuple[Any, Any], g: Any) -> tuple[Any, Any]:
     return dx, dw
 
 
-matmul_t.defvjp(_fwd, _bwd)
+_matmul_t.defvjp(_fwd, _bwd)
+
+
+@jax.tree_util.register_pytree_node_class
+class AmxWeight:
+    """A float32 weight ``[N, K]`` held in the kernel's layout, for a program that only multiplies
+    it as stored (``Linear``): ``tiles`` uint16 ``[N / 16, K, 32]``, for each block of 16 output
+    columns the bfloat16 pairs ``(k, k + 1)`` of every column side by side (AMX's VNNI layout),
+    ``w_hi`` for the first ``K / 2`` pairs, then ``w_lo``. Laying the weight out once, when the
+    state is prepared, saves doing it in every product (:func:`lay_out`).
+
+    ``shape`` and ``dtype`` are the weight's (``[N, K]``, float32). Only :func:`matmul_t` reads
+    it; it has no gradient (an inference program's state).
+    """
+
+    def __init__(self, tiles: Any, shape: tuple[int, int]):
+        self.tiles = tiles
+        self.shape = tuple(int(d) for d in shape)
+
+    dtype = np.dtype(np.float32)
+    ndim = 2
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.tiles.shape)) * 2
+
+    def __repr__(self) -> str:
+        return f"AmxWeight(float32{list(self.shape)})"
+
+    def tree_flatten(self) -> tuple[tuple[Any], tuple[int, int]]:
+        return (self.tiles,), self.shape
+
+    @classmethod
+    def tree_unflatten(cls, shape: tuple[int, int], children: Any) -> "AmxWeight":
+        return cls(children[0], shape)
+
+
+def lays_out(shape: Any, dtype: Any) -> bool:
+    """Whether :func:`lay_out` takes a weight of ``shape`` and ``dtype`` here: float32 ``[N, K]``
+    with N and K multiples of 32, on a CPU where the kernel runs."""
+    return (
+        np.dtype(dtype) == np.float32 and len(shape) == 2 and all(int(d) > 0 and int(d) % 32 == 0 for d in shape) and available()
+    )
+
+
+def lay_out(w: Any, device: Any = None) -> AmxWeight:
+    """``w`` (float32 ``[N, K]``, host or device) laid out for the kernel, on ``device``.
+
+    Raises:
+        ValueError: a weight :func:`lays_out` does not take (naming its shape and dtype, or why the
+            kernel cannot run here).
+    """
+    host = np.ascontiguousarray(np.asarray(w))
+    if not lays_out(host.shape, host.dtype):
+        why = unavailable_reason() or "float32 [N, K] with N and K multiples of 32"
+        raise ValueError(f"cannot lay out a {host.dtype}{list(host.shape)} weight for the AMX kernel ({why})")
+    n, k = host.shape
+    from maxjax.backend.kernels import library
+
+    tiles = np.empty((n // 16, k, 32), np.uint16)
+    if library().maxjax_amx_lay_out(host.ctypes.data, n, k, tiles.ctypes.data):
+        raise ValueError(f"cannot lay out a float32{[n, k]} weight for the AMX kernel")
+    return AmxWeight(jax.device_put(tiles, device), (n, k))
+
+
+def _laid_out_matmul_t(x: Any, w: AmxWeight) -> jax.Array:
+    lead, k = x.shape[:-1], x.shape[-1]
+    n = w.shape[0]
+    if k != w.shape[1] or x.dtype != jnp.float32:
+        raise ValueError(f"x {x.dtype}{list(x.shape)} cannot multiply {w!r} (float32 [..., {w.shape[1]}])")
+    m = math.prod(lead)
+    out = jax.ffi.ffi_call(_TARGET_LAID_OUT, jax.ShapeDtypeStruct((m, n), jnp.float32), vmap_method="sequential")(x.reshape(m, k), w.tiles)
+    return out.reshape(*lead, n)

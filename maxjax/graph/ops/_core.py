@@ -25,6 +25,10 @@ Two attributes of an op function change how it is called (set them with :func:`o
 - ``uses_policy``: the op takes a ``policy=`` keyword, the
   :class:`~maxjax.backend.BackendPolicy` of the program being traced (the default backend's when
   it runs eagerly or infers shapes).
+- ``stored_rhs``: the op's second tensor is a weight it multiplies as stored (``x @ w.T`` of
+  ``Linear``). A graph records how each weight is used (``Graph._weight_uses``: ``"stored_rhs"``
+  for this use, ``"other"`` for any other), so that a program may hold a weight used only so in a
+  backend's own layout (the AMX kernel's tiles, :mod:`maxjax.backend.kernels.amx`).
 """
 
 from __future__ import annotations
@@ -50,11 +54,12 @@ __all__ = [
 
 
 def op_traits(
-    *, accepts_quantized: bool = False, uses_policy: bool = False, accepts_layer_indexed: bool = False
+    *, accepts_quantized: bool = False, uses_policy: bool = False, accepts_layer_indexed: bool = False, stored_rhs: bool = False
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator marking an op function's traits (see the module docstring)."""
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn.stored_rhs = stored_rhs  # type: ignore[attr-defined]
         fn.accepts_quantized = accepts_quantized  # type: ignore[attr-defined]
         fn.uses_policy = uses_policy  # type: ignore[attr-defined]
         fn.accepts_layer_indexed = accepts_layer_indexed  # type: ignore[attr-defined]
@@ -312,10 +317,13 @@ def apply(
     node_args: list[Any] = []
     avals: list[Any] = []
     sources: list[str] = []  # weights whose quantized values this op receives
-    for t in vals:
+    stored_rhs = getattr(fn, "stored_rhs", False)
+    for i, t in enumerate(vals):
         if isinstance(t, TensorValue):
             if t._graph is None:  # a concrete value used in a graph: a constant
                 t = const_value(graph, t.to_jax())
+            if t._node is not None and t._node.kind == "weight":
+                graph._weight_uses.setdefault(t._node.extra.key, set()).add("stored_rhs" if stored_rhs and i == 1 else "other")
             if isinstance(t._aval, QuantizedArray):
                 src = _quantized_source(t)
                 if src is not None:

@@ -156,6 +156,7 @@ def call(graph: Graph, *args: Any, prefix: str = "") -> list[Any]:
         caller._require_weight(name, graph._weights[k].weight)
         if k in graph._packed_only:  # the callee reads this quantized weight's raw bytes
             caller._packed_only.add(caller._weight_key(name)[0])
+        caller._weight_uses.setdefault(caller._weight_key(name)[0], set()).update(graph._weight_uses.get(k, ()))
     arg_avals = [v._aval for v in vals]
     key = tuple((str(a.shape), str(a.dtype)) for a in arg_avals)
     out_avals = graph._call_shapes.get(key)  # one shape inference per argument signature

@@ -65,13 +65,19 @@ def _softmax(x: Any, *, axis: int) -> Any:
     return jax.nn.softmax(x, axis=axis)
 
 
-@op_traits(uses_policy=True, accepts_layer_indexed=True)
+@op_traits(uses_policy=True, accepts_layer_indexed=True, stored_rhs=True)
 def _matmul_t(x: Any, w: Any, *, policy: Any, dtype: Any = None) -> Any:
     if isinstance(w, LayerIndexed):  # a per-layer weight in a scanned layer: each layer's buffer in place
         return w.apply(lambda layer: _matmul_t(x, layer, policy=policy, dtype=dtype))
     if dtype is not None:
         x, w = jax.lax.convert_element_type(x, dtype), jax.lax.convert_element_type(w, dtype)
     return policy.matmul_t(x, w, stored=True)
+
+
+@op_traits(uses_policy=True, accepts_layer_indexed=True)
+def _matmul_t_cast(x: Any, w: Any, *, policy: Any, dtype: Any) -> Any:
+    """:func:`_matmul_t` of operands cast to ``dtype`` first (not a product of ``w`` as stored)."""
+    return _matmul_t(x, w, policy=policy, dtype=dtype)
 
 
 def matmul_transposed(lhs: Any, rhs: Any) -> Any:
@@ -99,7 +105,7 @@ def matmul_transposed(lhs: Any, rhs: Any) -> Any:
     if dl is None or dr is None or dl == dr:
         return apply(_matmul_t, lhs, rhs, _name="matmul")
     dtype = common_dtype("matmul", dl, dr)
-    return apply(_matmul_t, lhs, rhs, _name="matmul", _dtypes=[dtype], dtype=dtype.to_jax())
+    return apply(_matmul_t_cast, lhs, rhs, _name="matmul", _dtypes=[dtype], dtype=dtype.to_jax())
 
 
 class _Transposed:
