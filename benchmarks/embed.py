@@ -7,6 +7,9 @@ own vocabulary, lengths checked with maxjax's tokenizer) and runs each engine in
 
 1. maxjax: ``maxjax.models.load_encoder().embed(texts, batch_size=b)`` (graph mode: one
    ``Program`` under ``jax.jit``, batches padded to length buckets and power-of-two row counts).
+   Where the backend policy's ``encoder_precision`` is not ``HIGHEST`` (a CPU with AMX-BF16:
+   ``HIGH``, the AMX kernel), the same again at ``HIGHEST`` (XLA's exact float32 products), as
+   the baseline of that choice.
 2. sentence-transformers on torch (``--st-python``, default ``/work/torchvenv/bin/python``; it
    imports neither maxjax nor jax): ``SentenceTransformer(dir).encode(texts, batch_size=b)``
    with ``torch.set_num_threads(T)``.
@@ -134,8 +137,15 @@ def worker_maxjax(req: dict) -> dict:
     peak = _gemm_peak(lambda a, b: dot(a, b).block_until_ready(),
                       lambda shape: jnp.asarray(np.random.default_rng(0).standard_normal(shape), jnp.float32))  # fmt: skip
 
+    from maxjax.backend import policy_for
+
+    policy = policy_for()
+    if req.get("exact"):  # XLA's exact float32 products, whatever the policy's encoder_precision
+        import dataclasses
+
+        policy = dataclasses.replace(policy, encoder_precision=jax.lax.Precision.HIGHEST)
     t0 = time.perf_counter()
-    enc = load_encoder(req["model"])
+    enc = load_encoder(req["model"], policy=policy)
     load_s = time.perf_counter() - t0
     out = {"load_s": load_s, "rates": {}}
     for b in BATCHES:
@@ -173,7 +183,7 @@ def _worker_main(kind: str, req_path: str, out_path: str) -> None:
     req = json.loads(Path(req_path).read_text())
     if req.get("cores"):
         os.sched_setaffinity(0, req["cores"])
-    result = worker_maxjax(req) if kind == "maxjax" else worker_st(req)
+    result = worker_maxjax({**req, "exact": kind == "maxjax_exact"}) if kind.startswith("maxjax") else worker_st(req)
     result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     Path(out_path).write_text(json.dumps(result))
 
@@ -189,6 +199,14 @@ def _run_worker(kind: str, python: str, req: dict, tmp: Path) -> dict:
     res = json.loads(op.read_text())
     res["wall_s"], res["loadavg_before"], res["loadavg_after"] = time.perf_counter() - t0, load0, os.getloadavg()[0]
     return res
+
+
+def _policy_precision() -> str:
+    """The default backend policy's ``encoder_precision``, by name."""
+    from maxjax.backend import policy_for
+
+    p = policy_for().encoder_precision
+    return getattr(p, "name", str(p))
 
 
 def table(result: dict) -> str:
@@ -220,6 +238,13 @@ def table(result: dict) -> str:
                  f"{m['compiles']} shapes (warm-up, untimed)")  # fmt: skip
     lines.append(f"load average during the runs: maxjax {m['loadavg_before']:.1f}->{m['loadavg_after']:.1f}, "
                  f"sentence-transformers {s['loadavg_before']:.1f}->{s['loadavg_after']:.1f} (machine has {os.cpu_count()} CPUs)")  # fmt: skip
+    x = result["engines"].get("maxjax_exact")
+    if x is not None:
+        lines.append(f"maxjax's float32 products at encoder_precision={result.get('encoder_precision')} (the policy's; the AMX kernel "
+                     f"where the CPU has AMX-BF16) against XLA's exact float32 (HIGHEST), same run:")  # fmt: skip
+        for b in BATCHES:
+            mm, xx = med(m, b, "wall"), med(x, b, "wall")
+            lines.append(f"{b:>6} {mm:>8.1f} against {xx:>8.1f} sent/s: {mm / xx:.2f}x")
     lines.append(f"versions: maxjax on {m['version']}; {s['version']}")
     return "\n".join(lines)
 
@@ -255,7 +280,7 @@ def main() -> None:
     ap.add_argument("--n1", type=int, default=32, help="sentences at batch 1")
     ap.add_argument("--st-python", default="/work/torchvenv/bin/python")
     ap.add_argument("--model", help="sentence-transformers directory (default: the bundled all-MiniLM-L6-v2)")
-    ap.add_argument("--worker", choices=("maxjax", "st"))
+    ap.add_argument("--worker", choices=("maxjax", "maxjax_exact", "st"))
     ap.add_argument("--request")
     ap.add_argument("--out")
     ap.add_argument("--name", default="embed", help="results file stem")
@@ -272,13 +297,13 @@ def main() -> None:
     texts = make_sentences(a.n, model_dir)
     req = {"model": str(model_dir), "texts": texts, "n1": a.n1, "reps": a.reps, "threads": a.threads, "cores": cores}
     with tempfile.TemporaryDirectory() as tmp:
-        engines = {
-            "maxjax": _run_worker("maxjax", sys.executable, req, Path(tmp)),
-            "sentence_transformers": _run_worker("st", a.st_python, req, Path(tmp)),
-        }
+        engines = {"maxjax": _run_worker("maxjax", sys.executable, req, Path(tmp))}
+        if _policy_precision() != "HIGHEST":  # the policy's products are not XLA's exact ones: those too, as a baseline
+            engines["maxjax_exact"] = _run_worker("maxjax_exact", sys.executable, req, Path(tmp))
+        engines["sentence_transformers"] = _run_worker("st", a.st_python, req, Path(tmp))
     cpu["cores"] = cores
     gflop = _useful_gflop(texts, model_dir)
-    result = {"n": a.n, "n1": a.n1, "reps": a.reps, "cpu": cpu, "engines": engines, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    result = {"n": a.n, "n1": a.n1, "reps": a.reps, "cpu": cpu, "engines": engines, "encoder_precision": _policy_precision(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "gflop_per_sentence": {str(b): gflop(texts[: a.n1] if b == 1 else texts) for b in BATCHES}}  # fmt: skip
     RESULTS.mkdir(parents=True, exist_ok=True)
     text = table(result)

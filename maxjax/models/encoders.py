@@ -39,12 +39,14 @@ def is_encoder_dir(path: str | os.PathLike[str]) -> bool:
     return True
 
 
-def load_encoder(path: str | os.PathLike[str] | None = None) -> Any:
+def load_encoder(path: str | os.PathLike[str] | None = None, policy: Any = None) -> Any:
     """A sentence encoder (for BERT: :class:`~maxjax.models.bert.SentenceEncoder`) from a
     sentence-transformers directory (``config.json``, ``model.safetensors``, ``tokenizer.json``,
     ``modules.json``, ...); default: the bundled all-MiniLM-L6-v2.
 
-    ``load_encoder().embed(list_of_str, batch_size=32)`` -> float32 ``[n, 384]``.
+    ``load_encoder().embed(list_of_str, batch_size=32)`` -> float32 ``[n, 384]``. ``policy``: the
+    :class:`~maxjax.backend.BackendPolicy` the encoder runs under (default: the default backend's;
+    its ``encoder_precision`` says how float32 products are computed).
 
     Raises:
         ValueError: not a directory, no ``config.json``, a config of an architecture that is not a
@@ -59,4 +61,4 @@ def load_encoder(path: str | os.PathLike[str] | None = None) -> Any:
     if not cfg_path.is_file():
         raise ValueError(f"{d}: no config.json in the model directory (required)")
     arch = encoder_for_hf_config(read_hf_config(cfg_path), str(cfg_path))
-    return arch.load(d)
+    return arch.load(d) if policy is None else arch.load(d, policy=policy)

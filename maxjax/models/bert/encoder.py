@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from maxjax.backend import policy_for
+from maxjax.backend import BackendPolicy, policy_for
 from maxjax.dtype import DType
 from maxjax.engine import Program
 from maxjax.graph import Graph, TensorType
@@ -100,6 +100,11 @@ class EncoderTokenizer:
 class SentenceEncoder:
     """A BERT sentence encoder: ``embed(texts) -> float32 [n, hidden]``.
 
+    ``policy``: the :class:`~maxjax.backend.BackendPolicy` it runs under (default: the default
+    backend's); its program runs at the policy's ``encoder_precision`` (on a CPU with AMX-BF16,
+    ``HIGH``: the AMX kernel's four bfloat16 passes; pass a policy with
+    ``encoder_precision=lax.Precision.HIGHEST`` for XLA's exact float32 products).
+
     Attributes:
         module: the :class:`~maxjax.models.bert.BertModel` (weights loaded).
         config, head: its :class:`BertConfig` and :class:`SentenceHead`.
@@ -109,11 +114,11 @@ class SentenceEncoder:
         num_compiles: how many shapes have compiled so far.
     """
 
-    def __init__(self, module: BertModel, tokenizer: EncoderTokenizer, source: str = ""):
+    def __init__(self, module: BertModel, tokenizer: EncoderTokenizer, source: str = "", policy: BackendPolicy | None = None):
         self.module, self.config, self.head, self.tokenizer, self.source = module, module.config, module.head, tokenizer, source
         types = [TensorType(DType.int32, ["batch", "seq"]), TensorType(DType.int32, ["batch", "seq"])]
         self.graph = Graph("bert_encoder", forward=module, input_types=types)
-        policy = policy_for()
+        policy = policy or policy_for()
         # the policy's precision for encoders (HIGH: the CPU's AMX kernel, see BackendPolicy)
         self.program = Program(self.graph, policy=dataclasses.replace(policy, precision=policy.encoder_precision))
         self.state = self.program.prepare(module.state_dict())
@@ -249,13 +254,14 @@ def load_module(path: str | os.PathLike[str], dtype: DType = DType.float32) -> t
     return module, d
 
 
-def load_bert_encoder(path: str | os.PathLike[str]) -> SentenceEncoder:
+def load_bert_encoder(path: str | os.PathLike[str], policy: BackendPolicy | None = None) -> SentenceEncoder:
     """A :class:`SentenceEncoder` for a sentence-transformers BERT directory (what
-    :func:`maxjax.models.load_encoder` calls for a BERT ``config.json``).
+    :func:`maxjax.models.load_encoder` calls for a BERT ``config.json``); ``policy``: see
+    :class:`SentenceEncoder`.
 
     Raises:
         ValueError: see :func:`load_module`; no ``tokenizer.json`` (naming the file).
     """
     module, d = load_module(path)
     tokenizer = EncoderTokenizer(d / "tokenizer.json", module.head.max_seq_length)
-    return SentenceEncoder(module, tokenizer, source=str(d))
+    return SentenceEncoder(module, tokenizer, source=str(d), policy=policy)
