@@ -241,20 +241,26 @@ class Scratch {
   explicit Scratch(int64_t values) {
     if (values == 0) return;  // none needed
     std::lock_guard<std::mutex> lock(mutex_);
-    for (size_t i = 0; i < free_.size(); ++i) {
-      if (free_[i].second >= values) {
-        buf_ = std::move(free_[i]);
-        free_.erase(free_.begin() + i);
-        return;
-      }
+    size_t best = free_.size();  // the smallest free buffer that is large enough
+    for (size_t i = 0; i < free_.size(); ++i)
+      if (free_[i].second >= values && (best == free_.size() || free_[i].second < free_[best].second)) best = i;
+    if (best < free_.size()) {
+      buf_ = std::move(free_[best]);
+      free_.erase(free_.begin() + best);
+      return;
     }
-    if (!free_.empty()) free_.erase(free_.begin());  // a smaller one: replaced by this larger one
     buf_ = {Ptr(static_cast<uint16_t*>(::operator new[](values * sizeof(uint16_t), std::align_val_t(64)))), values};
   }
   ~Scratch() {
     if (!buf_.first) return;
     std::lock_guard<std::mutex> lock(mutex_);
     free_.push_back(std::move(buf_));
+    if (free_.size() > kKept) {  // more than calls ever run at once: drop the smallest
+      size_t small = 0;
+      for (size_t i = 1; i < free_.size(); ++i)
+        if (free_[i].second < free_[small].second) small = i;
+      free_.erase(free_.begin() + small);
+    }
   }
   uint16_t* data() const { return buf_.first.get(); }
 
@@ -264,6 +270,7 @@ class Scratch {
   };
   using Ptr = std::unique_ptr<uint16_t[], Free>;
   std::pair<Ptr, int64_t> buf_;
+  static constexpr size_t kKept = 16;
   static inline std::mutex mutex_;
   static inline std::vector<std::pair<Ptr, int64_t>> free_;
 };
