@@ -11,9 +11,10 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   (:mod:`maxjax.backend.kernels.amx`; relative error about 2^-16 per product, JAX's class of
   "bfloat16_3x"), exactly elsewhere; the program lays out the weights it only multiplies so once,
   when its state is prepared. CPU with AMX-BF16: ``HIGH`` (all-MiniLM-L6-v2 on a 2-core Sapphire
-  Rapids Xeon, ``benchmarks/embed.py``: 285 against 146-172 sentences/s at batch 32, cosine to
-  the float32 reference at least 0.99999 and padding invariance to 1e-6 kept); other CPUs:
-  ``HIGHEST``; GPU and TPU: None.
+  Rapids Xeon, ``benchmarks/embed.py``'s workers run alternately HIGH / HIGHEST, twice: 152 / 128-130
+  sentences/s at batch 32, 163-169 / 123 at batch 256, batch 1 within noise; cosine to the float32
+  reference at least 0.99999 and padding invariance to 1e-6 kept); other CPUs: ``HIGHEST``; GPU
+  and TPU: None.
 - ``quantized_layout``: how a GGUF-quantized weight sits in device memory at run time (a layout
   name of :mod:`maxjax.graph.quantization`). CPU with AVX-512: ``"nibbles"`` (4 bits per value;
   as fast as one byte per value there, for half the memory); CPU without it: ``"unpacked"`` (one
