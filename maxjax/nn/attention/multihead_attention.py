@@ -30,14 +30,19 @@ def _mha(q: Any, k: Any, v: Any, *valid: Any, scale: float, causal: bool) -> Any
     """q, k, v ``[batch, seq, heads, head_dim]``; ``valid`` (optional) bool ``[batch, seq]`` of
     the keys that exist. Returns ``[batch, seq, heads * head_dim]`` in q's dtype."""
     b, s, h, d = q.shape
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k.astype(jnp.float32)) * scale  # [b, h, s, s]
+    dtype = q.dtype
+    # heads before positions: XLA:CPU runs the batched dots 1.3-2.2x faster so than with the heads
+    # between (2-core AVX-512 Xeon, 12 heads of 32: [32, 48] 6.0 -> 4.5 ms, [8, 128] 11.6 -> 5.3 ms,
+    # the transposes included)
+    q, k, v = (jnp.transpose(t.astype(jnp.float32), (0, 2, 1, 3)) for t in (q, k, v))  # [b, h, s, d]
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) * scale  # [b, h, s, s]
     if causal:
         scores = jnp.where(jnp.tril(jnp.ones((s, s), bool)), scores, _MASKED)
     if valid:
         scores = jnp.where(valid[0].astype(bool)[:, None, None, :], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("bhqk,bkhd->bqhd", probs, v.astype(jnp.float32))  # [b, s, h, d]
-    return out.reshape(b, s, h * d).astype(q.dtype)
+    out = jnp.transpose(jnp.einsum("bhqk,bhkd->bhqd", probs, v), (0, 2, 1, 3))  # [b, s, h, d]
+    return out.reshape(b, s, h * d).astype(dtype)
 
 
 class MultiheadAttention(Module):
