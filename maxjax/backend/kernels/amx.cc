@@ -22,7 +22,8 @@
 //      (Mp: M rounded up to 32) zero;
 //   b: w as bfloat16 tiles [N / 16][2K / 2][16][2]: for each block of 16 output columns, the pairs
 //      (k, k + 1) of each column side by side (the tiles' VNNI layout), hi(w) for k < K, then
-//      lo(w).
+//      lo(w). Not for a weight laid out so once (maxjax_amx_lay_out, when a program's state is
+//      prepared: maxjax_bf16x3_matmul_laid_out);
 // then multiplies them in blocks of 32 rows x 32 columns (four accumulator tiles), a panel of
 // columns at a time so that the panel's b stays in the core's L2 across the row blocks. Rows are
 // independent: a row's result does not depend on the other rows or on how the work is split.
@@ -89,17 +90,6 @@ inline void configure_tiles() {
   _tile_loadconfig(&c);
 }
 
-// 32 float32 -> their bfloat16 hi and lo parts, in order.
-inline void split32(const float* p, __m512i& hi, __m512i& lo) {
-  __m512 x0 = _mm512_loadu_ps(p), x1 = _mm512_loadu_ps(p + 16);
-  __m512bh h = _mm512_cvtne2ps_pbh(x1, x0);  // lower half from x0
-  __m512i hb = (__m512i)h;
-  __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hb)), 16));
-  __m512 h1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hb, 1)), 16));
-  hi = hb;
-  lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(x1, h1), _mm512_sub_ps(x0, h0));
-}
-
 // r[i] = row i of a 16 x 16 matrix of 32-bit units -> its transpose, in place.
 inline void transpose16(__m512i r[16]) {
   __m512i a[16], b[16];
@@ -126,10 +116,16 @@ inline void transpose16(__m512i r[16]) {
   }
 }
 
-// 32 bfloat16 -> float32, the lower 16 and the upper 16.
-inline void widen32(__m512i h, __m512& f0, __m512& f1) {
-  f0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
-  f1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
+// 32 float32 at p -> their first `parts` bfloat16 parts, in order: part i = bf16 (round to
+// nearest even) of what parts 0..i-1 leave (three parts: exact).
+inline void split32(const float* p, int parts, __m512i* out) {
+  __m512 x0 = _mm512_loadu_ps(p), x1 = _mm512_loadu_ps(p + 16);
+  for (int i = 0; i < parts; ++i) {
+    const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);  // the lower 16 from x0
+    out[i] = h;
+    x0 = _mm512_sub_ps(x0, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16)));
+    x1 = _mm512_sub_ps(x1, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16)));
+  }
 }
 
 // Rows [r0, r1) of a (r1 <= Mp): x's rows split in three, the padding rows zero.
@@ -141,13 +137,9 @@ void split_rows(const float* x, int64_t m, int64_t k, uint16_t* a, int64_t r0, i
       continue;
     }
     for (int64_t c = 0; c < k; c += 32) {
-      __m512 x0 = _mm512_loadu_ps(x + r * k + c), x1 = _mm512_loadu_ps(x + r * k + c + 16), f0, f1;
-      for (int part = 0; part < kXParts; ++part) {
-        __m512i h = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
-        _mm512_storeu_si512(hi + part * k + c, h);
-        widen32(h, f0, f1);
-        x0 = _mm512_sub_ps(x0, f0), x1 = _mm512_sub_ps(x1, f1);
-      }
+      __m512i parts[kXParts];
+      split32(x + r * k + c, kXParts, parts);
+      for (int part = 0; part < kXParts; ++part) _mm512_storeu_si512(hi + part * k + c, parts[part]);
     }
   }
 }
@@ -158,8 +150,8 @@ void pack_columns(const float* w, int64_t k, uint16_t* b, int64_t b0, int64_t b1
   for (int64_t blk = b0; blk < b1; ++blk) {
     uint32_t* dst = reinterpret_cast<uint32_t*>(b + blk * pairs * 32);
     for (int64_t c = 0; c < k; c += 32) {
-      __m512i hi[16], lo[16];
-      for (int n = 0; n < 16; ++n) split32(w + (blk * 16 + n) * k + c, hi[n], lo[n]);
+      __m512i hi[16], lo[16], parts[2];
+      for (int n = 0; n < 16; ++n) split32(w + (blk * 16 + n) * k + c, 2, parts), hi[n] = parts[0], lo[n] = parts[1];
       transpose16(hi);
       transpose16(lo);
       for (int u = 0; u < 16; ++u) {  // unit u: the pair (c + 2u, c + 2u + 1)

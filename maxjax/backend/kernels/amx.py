@@ -67,16 +67,20 @@ def available() -> bool:
     return unavailable_reason() is None
 
 
+def _weight_fits(shape: Any, dtype: Any) -> bool:
+    """A float32 ``[N, K]`` weight with static N and K, positive multiples of 32."""
+    return (
+        dtype is not None and np.dtype(dtype) == np.float32 and len(shape) == 2
+        and all(isinstance(d, (int, np.integer)) and d > 0 and d % 32 == 0 for d in shape)
+    )  # fmt: skip
+
+
 def supports(x: Any, w: Any) -> bool:
     """Whether the kernel takes ``x [..., K] @ w.T`` for ``w [N, K]``: both float32 with static
     shapes, K and N multiples of 32."""
-    if getattr(x, "dtype", None) != jnp.float32 or getattr(w, "dtype", None) != jnp.float32 or getattr(w, "ndim", 0) != 2:
+    if getattr(x, "dtype", None) != jnp.float32 or not _weight_fits(getattr(w, "shape", ()), getattr(w, "dtype", None)):
         return False
-    dims = (*x.shape, *w.shape)
-    if not all(isinstance(d, (int, np.integer)) for d in dims):
-        return False
-    n, k = w.shape
-    return x.shape[-1] == k and k % 32 == 0 and n % 32 == 0 and k > 0 and n > 0
+    return all(isinstance(d, (int, np.integer)) for d in x.shape) and x.shape[-1] == w.shape[1]
 
 
 def _forward(x: Any, w: Any) -> jax.Array:
@@ -156,9 +160,7 @@ class AmxWeight:
 def lays_out(shape: Any, dtype: Any) -> bool:
     """Whether :func:`lay_out` takes a weight of ``shape`` and ``dtype`` here: float32 ``[N, K]``
     with N and K multiples of 32, on a CPU where the kernel runs."""
-    return (
-        np.dtype(dtype) == np.float32 and len(shape) == 2 and all(int(d) > 0 and int(d) % 32 == 0 for d in shape) and available()
-    )
+    return _weight_fits(tuple(shape), dtype) and available()
 
 
 def lay_out(w: Any, device: Any = None) -> AmxWeight:
