@@ -302,6 +302,18 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, mod
     assert client.completions.create(model=model_name, prompt="Hi", max_tokens=3, temperature=0).usage.completion_tokens == 3
 
 
+def in_flight(server) -> int:
+    """Requests the server's engine holds (waiting for a row plus in the running batch), read from
+    ``/metrics``."""
+    text = httpx.get(server.base + "/metrics", timeout=10).text
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("maxjax_queue_depth", "maxjax_running_batch_size"):
+            values[name] = float(value)
+    return int(sum(values.values()))
+
+
 def test_sigterm_ends_in_flight_requests_and_exits_cleanly(server, model_name, lm):
     """Runs last: SIGTERM while a streaming and a plain request are in flight. Both are finished
     (the server stops accepting, lets them end, stops the engine) and the process exits 0 with no
@@ -327,6 +339,12 @@ def test_sigterm_ends_in_flight_requests_and_exits_cleanly(server, model_name, l
     for t in threads:
         t.start()
     assert first_chunk.wait(WAIT)
+    # The plain request's thread may not have connected yet (a loaded CI machine): wait until the
+    # engine holds both requests, so that the signal finds two in flight.
+    deadline = time.monotonic() + WAIT
+    while in_flight(server) < 2:
+        assert time.monotonic() < deadline and "stream" not in results, "the plain request never reached the engine"
+        time.sleep(0.005)
     server.proc.send_signal(signal.SIGTERM)
     for t in threads:
         t.join(WAIT)
