@@ -15,6 +15,14 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   sentences/s at batch 32, 163-169 / 123 at batch 256, batch 1 within noise; cosine to the float32
   reference at least 0.99999 and padding invariance to 1e-6 kept); other CPUs: ``HIGHEST``; GPU
   and TPU: None.
+- ``frozen_precision``: the precision of a float32 ``Trainer``'s products with its frozen weights
+  (a LoRA fine-tune's base layers), forward and in ``x``'s cotangent (``g @ w``); trainable weights
+  and every other product keep ``precision``. ``HIGH`` on the CPU: each frozen float32 weight that
+  is only multiplied as stored (``Linear``; not a tied embedding, which is also gathered) is laid
+  out for the AMX kernel once, when the Trainer is made, together with its transpose
+  (:class:`~maxjax.backend.kernels.amx.AmxWeight`: twice the weight's bytes, in place of its
+  stack), and both products run in four bfloat16 passes (relative error about 2^-16). CPU with
+  AMX-BF16: ``HIGH`` (FIGURES); other CPUs: ``HIGHEST``; GPU and TPU: None (``precision``).
 - ``quantized_layout``: how a GGUF-quantized weight sits in device memory at run time (a layout
   name of :mod:`maxjax.graph.quantization`). CPU with AVX-512: ``"nibbles"`` (4 bits per value;
   as fast as one byte per value there, for half the memory); CPU without it: ``"unpacked"`` (one
@@ -151,6 +159,7 @@ class BackendPolicy:
         platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``.
         precision: ``lax.Precision`` of float32 matmuls, or None for XLA's default.
         encoder_precision: ``precision`` of an encoder's inference program.
+        frozen_precision: precision of a float32 Trainer's products with its frozen weights.
         quantized_layout: ``"nibbles"``, ``"unpacked"``, ``"packed"`` or ``"dequantized"``.
         weight_left_max_rows: most rows of ``x`` for which ``x @ w.T`` runs weight-left (0: off).
         dequant_row_chunk: rows per block when a large quantized weight is multiplied (0: off).
@@ -184,6 +193,7 @@ class BackendPolicy:
     platform: str
     precision: Any = None
     encoder_precision: Any = None
+    frozen_precision: Any = None
     quantized_layout: str = "unpacked"
     weight_left_max_rows: int = 0
     dequant_row_chunk: int = 0
@@ -364,6 +374,7 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
         platform="cpu",
         precision=lax.Precision.HIGHEST,
         encoder_precision=lax.Precision.HIGH if _amx.AMX_FLAGS <= flags else lax.Precision.HIGHEST,
+        frozen_precision=lax.Precision.HIGH if _amx.AMX_FLAGS <= flags else lax.Precision.HIGHEST,
         quantized_layout="nibbles" if avx512 else "unpacked",
         weight_left_max_rows=16,
         dequant_row_chunk=1024,

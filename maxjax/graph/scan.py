@@ -190,7 +190,10 @@ def run_chain(
     per_layer = {k: v for k, v in stacked.items() if isinstance(v, LayerWeights)}
     # quantized stacks that the policy multiplies in a kernel reading the layer in place: not sliced by the scan
     in_place = {k: v for k, v in stacked.items() if is_quantized(v) and policy.native_matmul(v, 1)}
-    arrays = {k: v for k, v in stacked.items() if not isinstance(v, LayerWeights) and k not in in_place}
+    # stacks that give each step its layer to read in place themselves (``at_layer(index)``: an
+    # AmxWeight stack laid out for the AMX kernel): not sliced by the scan either
+    indexed = {k: v for k, v in stacked.items() if callable(getattr(v, "at_layer", None))}
+    arrays = {k: v for k, v in stacked.items() if not isinstance(v, LayerWeights) and k not in in_place and k not in indexed}
 
     def body(carry: tuple[Any, ...], x: tuple[Any, Any, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         w_slice, xs_vals, layer = x
@@ -199,6 +202,8 @@ def run_chain(
             w_slice = {**w_slice, **{k: LayerIndexed(v.layers, layer) for k, v in per_layer.items()}}
         if in_place:
             w_slice = {**w_slice, **{k: StackIndexed(v, layer) for k, v in in_place.items()}}
+        if indexed:
+            w_slice = {**w_slice, **{k: v.at_layer(layer) for k, v in indexed.items()}}
         args: list[Any] = [None] * n_args
         for j, v in inv.items():
             args[j] = v

@@ -37,6 +37,16 @@ memory); frozen GGUF-quantized weights are dequantized to bfloat16 once, at cons
 scaling: bfloat16 has float32's exponent range, so gradients do not underflow.
 :meth:`Trainer.state_dict` then gives the trainable weights in float32 and the frozen ones in
 bfloat16 (what the step ran with).
+
+Frozen weights in float32 steps: where the backend policy's ``frozen_precision`` is ``HIGH`` (a
+CPU with AMX-BF16), each frozen float32 weight that the model only multiplies as stored (the base
+layers of a LoRA fine-tune) is laid out once, at construction, for the AMX kernel together with
+its transpose (:class:`~maxjax.backend.kernels.amx.AmxWeight`), and its products, forward and
+``x``'s cotangent, run in four bfloat16 passes (relative error about 2^-16; the trainable weights
+and their gradients stay exact float32). :attr:`Trainer.laid_out` names those entries; their exact
+values are not held twice: :meth:`Trainer.state_dict` reads them from the module, which the
+Trainer never changes. Pass a policy with ``frozen_precision=jax.lax.Precision.HIGHEST`` for
+XLA's exact float32 products.
 """
 
 from __future__ import annotations
@@ -49,6 +59,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxjax.backend.kernels import amx
+from maxjax.driver import to_host_array
 from maxjax.dtype import DType
 from maxjax.engine import Program
 from maxjax.graph import Graph, TensorType
@@ -135,7 +147,10 @@ class Trainer:
         frozen: the frozen weights by state entry name, as the step takes them (placed on its
             devices): arrays, or, for bfloat16 stacks where the policy says
             (``bfloat16_stack_bits``), :class:`~maxjax.graph.layer_weights.StackBits` holding their
-            bit patterns (:meth:`state_dict` gives them back as bfloat16).
+            bit patterns (:meth:`state_dict` gives them back as bfloat16), or, where the policy's
+            ``frozen_precision`` is ``HIGH``, :class:`~maxjax.backend.kernels.amx.AmxWeight`
+            (float32 weights laid out for the AMX kernel with their transposes).
+        laid_out: the names of the :attr:`frozen` entries held as ``AmxWeight``.
     """
 
     def __init__(
@@ -244,6 +259,14 @@ class Trainer:
                 prepared["stacked"][where[1]].pop(where[2], None)
                 self.frozen[e] = StackBits.of(v)  # one copy now, and none at each step
             del v
+        self.laid_out: list[str] = []
+        for e in list(self.frozen):  # frozen float32 weights laid out for the AMX kernel (frozen_precision)
+            if self._lays_out(e, self.frozen[e]):
+                where = self._where[e]
+                values.pop(e, None)
+                (prepared["weights"] if where[0] == "weights" else prepared["stacked"][where[1]]).pop(where[-1], None)
+                self.frozen[e] = amx.lay_out(self.frozen.pop(e), self._replicated(), transposed=True)
+                self.laid_out.append(e)
         self.num_compiles = 0
         #: seconds each compiled batch shape took to compile, by ``(batch, seq + 1)``
         self.compile_seconds: dict[tuple[int, ...], float] = {}
@@ -297,8 +320,14 @@ class Trainer:
     def state_dict(self, state: TrainState) -> dict[str, Any]:
         """Every weight by registry name (trainable from ``state``, frozen as prepared; the layers
         of a stack unstacked), e.g. for :func:`~maxjax.train.lora.merge_lora` and export."""
-        frozen = {e: v.value() if isinstance(v, StackBits) else v for e, v in self.frozen.items()}
-        return self.program.unstack(self._program_state(state.params, frozen))
+        frozen = {e: v.value() if isinstance(v, StackBits) else v for e, v in self.frozen.items() if e not in self.laid_out}
+        out = self.program.unstack(self._program_state(state.params, frozen))
+        if self.laid_out:  # their exact values, from the module (not held twice)
+            held = self.module.state_dict(auto_initialize=False)
+            for e in self.laid_out:
+                for n in self.entries[e]:
+                    out[n] = jnp.asarray(to_host_array(held[n]))
+        return out
 
     def trained_weights(self, state: TrainState) -> dict[str, jax.Array]:
         """The trainable weights only, by registry name (``module.load_state_dict(...,
@@ -315,6 +344,35 @@ class Trainer:
             and isinstance(v, jax.Array)
             and v.dtype == jnp.bfloat16
         )
+
+    def _lays_out(self, entry: str, v: Any) -> bool:
+        """Whether the frozen value ``v`` of ``entry`` is laid out for the AMX kernel: a float32
+        step on one device where the policy's ``frozen_precision`` is ``HIGH`` on the CPU, a
+        float32 matrix (or stack) the kernel takes, that the model only multiplies as stored, and
+        whose module values are the prepared ones (what :meth:`state_dict` reads back)."""
+        from jax import lax
+
+        policy = self.program.policy
+        if not (policy.platform == "cpu" and policy.frozen_precision == lax.Precision.HIGH):
+            return False
+        if self.compute_dtype != "float32" or self.mesh is not None or not isinstance(v, jax.Array):
+            return False
+        where = self._where[entry]
+        if where[0] == "weights":
+            uses, ndim = self.graph._weight_uses.get(where[1]), 2
+        else:
+            uses, ndim = self.program.chains[where[1]].sub._weight_uses.get(where[2]), 3
+        if uses != {"stored_rhs"} or v.ndim != ndim or not amx.lays_out(v.shape[-2:], v.dtype):
+            return False
+        held = self.module.raw_state_dict()
+        for n in self.entries[entry]:
+            w = held.get(n)
+            if w is None or w.value is None or (w.stored_device_layout is not None and not w.stored_device_layout.is_identity):
+                return False
+            value = to_host_array(w.value)  # no copy of a host or CPU array
+            if value.shape != tuple(v.shape[-2:]) or value.dtype != np.float32:
+                return False
+        return True
 
     def _program_state(self, params: Mapping[str, Any], frozen: Mapping[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"weights": {}, "stacked": [{} for _ in self.program.chains]}

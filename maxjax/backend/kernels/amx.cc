@@ -23,7 +23,8 @@
 //   b: w as bfloat16 tiles [N / 16][2K / 2][16][2]: for each block of 16 output columns, the pairs
 //      (k, k + 1) of each column side by side (the tiles' VNNI layout), hi(w) for k < K, then
 //      lo(w). Not for a weight laid out so once (maxjax_amx_lay_out, when a program's state is
-//      prepared: maxjax_bf16x3_matmul_laid_out);
+//      prepared: maxjax_bf16x3_matmul_laid_out; one layer of a laid-out stack, read in place:
+//      maxjax_bf16x3_matmul_layer);
 // then multiplies them in blocks of 32 rows x 32 columns (four accumulator tiles), a panel of
 // columns at a time so that the panel's b stays in the core's L2 across the row blocks. Rows are
 // independent: a row's result does not depend on the other rows or on how the work is split.
@@ -331,7 +332,30 @@ ffi::Error Bf16x3MatmulLaidOut(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ff
   return ffi::Error::Success();
 }
 
+// The same with one layer of a stack of laid-out weights, read in place (a scan step; slicing
+// the stack would copy the layer): tiles uint16 [L, N / 16, K, 32], layer int32 [].
+ffi::Error Bf16x3MatmulLayer(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U16> tiles, ffi::Buffer<ffi::S32> layer,
+                             ffi::ResultBuffer<ffi::F32> out) {
+  auto xd = x.dimensions(), td = tiles.dimensions();
+  if (xd.size() != 2 || td.size() != 4 || td[2] != xd[1] || td[3] != 32 || layer.element_count() != 1)
+    return ffi::Error::InvalidArgument("bf16x3 matmul: x [M, K], tiles [L, N / 16, K, 32] and layer [] disagree");
+  const int64_t m = xd[0], k = xd[1], n = td[1] * 16, l = *layer.typed_data();
+  if (l < 0 || l >= td[0]) return ffi::Error::InvalidArgument("bf16x3 matmul: layer index outside the stack");
+  if (auto e = check(m, k, n, out->element_count()); e.failure()) return e;
+  if (m) run(pool, x.typed_data(), m, k, n, nullptr, tiles.typed_data() + l * (n / 16) * k * 32, out->typed_data());
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_bf16x3_matmul_layer, Bf16x3MatmulLayer,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [M, K]
+                                  .Arg<ffi::Buffer<ffi::U16>>()  // the stack's tiles [L, N / 16, K, 32]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // layer []
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // out [M, N]
+);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_bf16x3_matmul, Bf16x3Matmul,
                               ffi::Ffi::Bind()

@@ -13,7 +13,9 @@ gives what it gives alone, to float32 rounding). Each row's result is independen
 It runs where the CPU has AMX-BF16 (Sapphire Rapids and later Xeons), Linux grants the tile state
 (``arch_prctl``), and the kernels' library builds; :func:`available` says whether it does here.
 The backend policy decides when it is used (``precision=HIGH`` on the CPU, see
-:mod:`maxjax.backend.policy`). Gradients are float32 XLA products (:func:`matmul_t`'s VJP).
+:mod:`maxjax.backend.policy`). Gradients: float32 XLA products for a weight passed as an array; for
+an :class:`AmxWeight` laid out with its transpose (a Trainer's frozen weights), ``x``'s cotangent
+``g @ w`` runs in the kernel too, as ``g @ (w.T).T``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ __all__ = ["AMX_FLAGS", "AmxWeight", "available", "unavailable_reason", "support
 AMX_FLAGS = frozenset({"amx_tile", "amx_bf16", "avx512_bf16", "avx512bw"})
 _TARGET = "maxjax_bf16x3_matmul"
 _TARGET_LAID_OUT = "maxjax_bf16x3_matmul_laid_out"
+_TARGET_LAYER = "maxjax_bf16x3_matmul_layer"
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,7 +57,7 @@ def unavailable_reason() -> str | None:
     err = lib.maxjax_amx_enable()
     if err:
         return f"Linux refused the AMX tile state (arch_prctl errno {err})"
-    for name in (_TARGET, _TARGET_LAID_OUT):
+    for name in (_TARGET, _TARGET_LAID_OUT, _TARGET_LAYER):
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
     fn = lib.maxjax_amx_lay_out
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
@@ -95,8 +98,12 @@ def matmul_t(x: Any, w: Any) -> jax.Array:
     """``x @ w.T`` at ``Precision.HIGH`` (four bfloat16 passes on AMX): ``x`` float32 ``[..., K]``,
     ``w`` float32 ``[N, K]`` or an :class:`AmxWeight` -> float32 ``[..., N]`` (each row's result
     independent of the other rows). Call only where :func:`supports` (or the weight was laid out)
-    and :func:`available`. Gradients: float32 XLA products for an array ``w``; none through an
-    :class:`AmxWeight`."""
+    and :func:`available`. Gradients: float32 XLA products for an array ``w``; through an
+    :class:`AmxWeight`, ``x``'s only, in the kernel, where it was laid out with its transpose
+    (``lay_out(w, transposed=True)``), and none for the weight (a frozen weight).
+
+    Raises:
+        ValueError: differentiating through an :class:`AmxWeight` laid out without its transpose."""
     if isinstance(w, AmxWeight):
         return _laid_out_matmul_t(x, w)
     return _matmul_t(x, w)
@@ -131,30 +138,57 @@ class AmxWeight:
     ``w_hi`` for the first ``K / 2`` pairs, then ``w_lo``. Laying the weight out once, when the
     state is prepared, saves doing it in every product (:func:`lay_out`).
 
-    ``shape`` and ``dtype`` are the weight's (``[N, K]``, float32). Only :func:`matmul_t` reads
-    it; it has no gradient (an inference program's state).
+    ``tiles_t`` (uint16 ``[K / 16, N, 32]``, or None): ``w.T`` laid out the same way, for the
+    cotangent of ``x`` (``g @ w``) in a training step whose weight is frozen.
+
+    A stack of layers (tiles ``[L, N / 16, K, 32]``, ``tiles_t`` ``[L, K / 16, N, 32]``) is not
+    sliced by a layer scan: each step multiplies its layer in place (:meth:`at_layer`; slicing
+    would copy every layer's tiles at every step).
+
+    ``shape`` and ``dtype`` are one layer's weight's (``[N, K]``, float32). Only :func:`matmul_t`
+    reads it; the weight itself gets no gradient (an inference program's state, or a frozen weight).
     """
 
-    def __init__(self, tiles: Any, shape: tuple[int, int]):
+    def __init__(self, tiles: Any, shape: tuple[int, int], tiles_t: Any = None, layer: Any = None):
         self.tiles = tiles
+        self.tiles_t = tiles_t
         self.shape = tuple(int(d) for d in shape)
+        #: the layer of a stack a scan step multiplies (an int32 scalar, traced), else None
+        self.layer = layer
+
+    @property
+    def layers(self) -> int | None:
+        """The number of layers of a stack (tiles ``[L, N / 16, K, 32]``), None for one weight."""
+        return int(self.tiles.shape[0]) if len(self.tiles.shape) == 4 else None
+
+    def at_layer(self, layer: Any) -> "AmxWeight":
+        """Layer ``layer`` (an int32 scalar, traced in a scan) of a stack, read in place by
+        :func:`matmul_t`.
+
+        Raises:
+            ValueError: not a stack.
+        """
+        if self.layers is None:
+            raise ValueError(f"{self!r} is one weight, not a stack of layers")
+        return AmxWeight(self.tiles, self.shape, self.tiles_t, layer)
 
     dtype = np.dtype(np.float32)
     ndim = 2
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.tiles.shape)) * 2
+        return sum(int(np.prod(t.shape)) * 2 for t in (self.tiles, self.tiles_t) if t is not None)
 
     def __repr__(self) -> str:
-        return f"AmxWeight(float32{list(self.shape)})"
+        stack = f", {self.layers} layers" if self.layers is not None else ""
+        return f"AmxWeight(float32{list(self.shape)}{stack}{', with its transpose' if self.tiles_t is not None else ''})"
 
-    def tree_flatten(self) -> tuple[tuple[Any], tuple[int, int]]:
-        return (self.tiles,), self.shape
+    def tree_flatten(self) -> tuple[tuple[Any, Any, Any], tuple[int, int]]:
+        return (self.tiles, self.tiles_t, self.layer), self.shape
 
     @classmethod
     def tree_unflatten(cls, shape: tuple[int, int], children: Any) -> "AmxWeight":
-        return cls(children[0], shape)
+        return cls(children[0], shape, children[1], children[2])
 
 
 def lays_out(shape: Any, dtype: Any) -> bool:
@@ -163,31 +197,78 @@ def lays_out(shape: Any, dtype: Any) -> bool:
     return _weight_fits(tuple(shape), dtype) and available()
 
 
-def lay_out(w: Any, device: Any = None) -> AmxWeight:
-    """``w`` (float32 ``[N, K]``, host or device) laid out for the kernel, on ``device``.
+def _tiles(host: np.ndarray) -> np.ndarray:
+    """The kernel's layout of a C-contiguous float32 ``[N, K]``: uint16 ``[N / 16, K, 32]``."""
+    from maxjax.backend.kernels import library
+
+    n, k = host.shape
+    tiles = np.empty((n // 16, k, 32), np.uint16)
+    if library().maxjax_amx_lay_out(host.ctypes.data, n, k, tiles.ctypes.data):
+        raise ValueError(f"cannot lay out a float32{[n, k]} weight for the AMX kernel")
+    return tiles
+
+
+def lay_out(w: Any, device: Any = None, transposed: bool = False) -> AmxWeight:
+    """``w`` (float32 ``[N, K]``, or a stack of layers ``[L, N, K]``; host or device) laid out for
+    the kernel, on ``device``; with ``transposed``, ``w.T`` too (``tiles_t``: what a training step
+    needs to differentiate through a frozen weight; twice the memory).
 
     Raises:
         ValueError: a weight :func:`lays_out` does not take (naming its shape and dtype, or why the
             kernel cannot run here).
     """
-    host = np.ascontiguousarray(np.asarray(w))
-    if not lays_out(host.shape, host.dtype):
-        why = unavailable_reason() or "float32 [N, K] with N and K multiples of 32"
+    host = np.asarray(w)
+    if not lays_out(host.shape[-2:], host.dtype) or host.ndim not in (2, 3):
+        why = unavailable_reason() or "float32 [N, K] or [L, N, K] with N and K multiples of 32"
         raise ValueError(f"cannot lay out a {host.dtype}{list(host.shape)} weight for the AMX kernel ({why})")
-    n, k = host.shape
-    from maxjax.backend.kernels import library
+    layers = [host] if host.ndim == 2 else list(host)
+    tiles = [_tiles(np.ascontiguousarray(a)) for a in layers]
+    tiles_t = [_tiles(np.ascontiguousarray(a.T)) for a in layers] if transposed else None
+    if host.ndim == 2:
+        tiles, tiles_t = tiles[0], (tiles_t[0] if transposed else None)
+    else:
+        tiles, tiles_t = np.stack(tiles), (np.stack(tiles_t) if transposed else None)
+    n, k = host.shape[-2:]
+    return AmxWeight(jax.device_put(tiles, device), (n, k), None if tiles_t is None else jax.device_put(tiles_t, device))
 
-    tiles = np.empty((n // 16, k, 32), np.uint16)
-    if library().maxjax_amx_lay_out(host.ctypes.data, n, k, tiles.ctypes.data):
-        raise ValueError(f"cannot lay out a float32{[n, k]} weight for the AMX kernel")
-    return AmxWeight(jax.device_put(tiles, device), (n, k))
+
+def _laid_out_product(x: Any, tiles: Any, n: int, layer: Any = None) -> jax.Array:
+    """``x [..., K] @ w.T`` for ``w [n, K]`` laid out as ``tiles`` (or layer ``layer`` of a stack
+    of them, read in place): float32 ``[..., n]``."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    m = math.prod(lead)
+    out_type = jax.ShapeDtypeStruct((m, n), jnp.float32)
+    if layer is None:
+        out = jax.ffi.ffi_call(_TARGET_LAID_OUT, out_type, vmap_method="sequential")(x.reshape(m, k), tiles)
+    else:
+        out = jax.ffi.ffi_call(_TARGET_LAYER, out_type, vmap_method="sequential")(x.reshape(m, k), tiles, jnp.asarray(layer, jnp.int32))
+    return out.reshape(*lead, n)
 
 
 def _laid_out_matmul_t(x: Any, w: AmxWeight) -> jax.Array:
-    lead, k = x.shape[:-1], x.shape[-1]
-    n = w.shape[0]
-    if k != w.shape[1] or x.dtype != jnp.float32:
+    if x.shape[-1] != w.shape[1] or x.dtype != jnp.float32:
         raise ValueError(f"x {x.dtype}{list(x.shape)} cannot multiply {w!r} (float32 [..., {w.shape[1]}])")
-    m = math.prod(lead)
-    out = jax.ffi.ffi_call(_TARGET_LAID_OUT, jax.ShapeDtypeStruct((m, n), jnp.float32), vmap_method="sequential")(x.reshape(m, k), w.tiles)
-    return out.reshape(*lead, n)
+    if (w.layers is None) != (w.layer is None):
+        raise ValueError(f"{w!r}: a stack multiplies one layer at a time (AmxWeight.at_layer)")
+    return _laid_out_vjp(x, w)
+
+
+@jax.custom_vjp
+def _laid_out_vjp(x: Any, w: AmxWeight) -> jax.Array:
+    return _laid_out_product(x, w.tiles, w.shape[0], w.layer)
+
+
+def _laid_out_fwd(x: Any, w: AmxWeight) -> tuple[jax.Array, AmxWeight]:
+    return _laid_out_product(x, w.tiles, w.shape[0], w.layer), w
+
+
+def _laid_out_bwd(w: AmxWeight, g: Any) -> tuple[jax.Array, None]:
+    if w.tiles_t is None:
+        raise ValueError(
+            f"cannot differentiate through {w!r}: it was laid out without its transpose (an inference "
+            "program's weight); lay it out with maxjax.backend.kernels.amx.lay_out(w, transposed=True)"
+        )
+    return _laid_out_product(g, w.tiles_t, w.shape[1], w.layer), None  # g [..., N] @ w [N, K] = g @ (w.T).T
+
+
+_laid_out_vjp.defvjp(_laid_out_fwd, _laid_out_bwd)
