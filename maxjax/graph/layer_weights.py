@@ -74,6 +74,8 @@ class LayerIndexed:
     without copying it; :meth:`value` gives the layer's array (copied by the switch).
     """
 
+    materializes = True
+
     def __init__(self, layers: Sequence[Any], index: Any):
         self.layers = tuple(layers)
         self.index = index
@@ -107,6 +109,8 @@ class StackIndexed:
     index to :meth:`~maxjax.graph.quantization.QuantizedArray.layer_matmul`; any other op gets the
     layer (:meth:`value`: sliced, as the scan would have sliced it)."""
 
+    materializes = True
+
     def __init__(self, stack: Any, index: Any):
         self.stack = stack
         self.index = index
@@ -129,8 +133,11 @@ class StackIndexed:
 
 
 def materialize(x: Any) -> Any:
-    """``x``'s array when it is a :class:`LayerIndexed` or :class:`StackIndexed`, else ``x``."""
-    return x.value() if isinstance(x, (LayerIndexed, StackIndexed)) else x
+    """``x``'s array when it stands for one (a :class:`LayerIndexed`, a :class:`StackIndexed`, or
+    another value whose class sets ``materializes = True`` and gives the array by ``value()``, such
+    as an :class:`~maxjax.backend.kernels.amx.AmxWeight` that keeps its array for the ops that do
+    not multiply it as stored), else ``x``. Ops without ``accepts_layer_indexed`` get this."""
+    return x.value() if getattr(x, "materializes", False) else x
 
 
 @jax.tree_util.register_pytree_node_class

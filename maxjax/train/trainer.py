@@ -261,11 +261,12 @@ class Trainer:
             del v
         self.laid_out: list[str] = []
         for e in list(self.frozen):  # frozen float32 weights laid out for the AMX kernel (frozen_precision)
-            if self._lays_out(e, self.frozen[e]):
+            how = self._lays_out(e, self.frozen[e])
+            if how is not None:
                 where = self._where[e]
                 values.pop(e, None)
                 (prepared["weights"] if where[0] == "weights" else prepared["stacked"][where[1]]).pop(where[-1], None)
-                self.frozen[e] = amx.lay_out(self.frozen.pop(e), self._replicated(), transposed=True)
+                self.frozen[e] = amx.lay_out(self.frozen.pop(e), self._replicated(), transposed=True, keep=how == "kept")
                 self.laid_out.append(e)
         self.num_compiles = 0
         #: seconds each compiled batch shape took to compile, by ``(batch, seq + 1)``
@@ -322,9 +323,13 @@ class Trainer:
         of a stack unstacked), e.g. for :func:`~maxjax.train.lora.merge_lora` and export."""
         frozen = {e: v.value() if isinstance(v, StackBits) else v for e, v in self.frozen.items() if e not in self.laid_out}
         out = self.program.unstack(self._program_state(state.params, frozen))
-        if self.laid_out:  # their exact values, from the module (not held twice)
+        only = [e for e in self.laid_out if self.frozen[e].array is None]
+        for e in self.laid_out:
+            if e not in only:
+                out[self.entries[e][0]] = self.frozen[e].array
+        if only:  # their exact values, from the module (not held twice)
             held = self.module.state_dict(auto_initialize=False)
-            for e in self.laid_out:
+            for e in only:
                 for n in self.entries[e]:
                     out[n] = jnp.asarray(to_host_array(held[n]))
         return out
@@ -345,34 +350,38 @@ class Trainer:
             and v.dtype == jnp.bfloat16
         )
 
-    def _lays_out(self, entry: str, v: Any) -> bool:
-        """Whether the frozen value ``v`` of ``entry`` is laid out for the AMX kernel: a float32
-        step on one device where the policy's ``frozen_precision`` is ``HIGH`` on the CPU, a
-        float32 matrix (or stack) the kernel takes, that the model only multiplies as stored, and
-        whose module values are the prepared ones (what :meth:`state_dict` reads back)."""
+    def _lays_out(self, entry: str, v: Any) -> str | None:
+        """Whether and how the frozen value ``v`` of ``entry`` is laid out for the AMX kernel, in a
+        float32 step on one device where the policy's ``frozen_precision`` is ``HIGH`` on the
+        CPU, for a float32 matrix (or stack) the kernel takes: ``"only"`` where the model only
+        multiplies it as stored and the module's values are the prepared ones (what
+        :meth:`state_dict` reads back), ``"kept"`` (its array kept beside the tiles) for a matrix
+        the model also uses otherwise (a tied embedding); else None."""
         from jax import lax
 
         policy = self.program.policy
         if not (policy.platform == "cpu" and policy.frozen_precision == lax.Precision.HIGH):
-            return False
+            return None
         if self.compute_dtype != "float32" or self.mesh is not None or not isinstance(v, jax.Array):
-            return False
+            return None
         where = self._where[entry]
         if where[0] == "weights":
             uses, ndim = self.graph._weight_uses.get(where[1]), 2
         else:
             uses, ndim = self.program.chains[where[1]].sub._weight_uses.get(where[2]), 3
-        if uses != {"stored_rhs"} or v.ndim != ndim or not amx.lays_out(v.shape[-2:], v.dtype):
-            return False
+        if not uses or "stored_rhs" not in uses or v.ndim != ndim or not amx.lays_out(v.shape[-2:], v.dtype):
+            return None
+        if uses != {"stored_rhs"}:
+            return "kept" if ndim == 2 else None
         held = self.module.raw_state_dict()
         for n in self.entries[entry]:
             w = held.get(n)
             if w is None or w.value is None or (w.stored_device_layout is not None and not w.stored_device_layout.is_identity):
-                return False
+                return None
             value = to_host_array(w.value)  # no copy of a host or CPU array
             if value.shape != tuple(v.shape[-2:]) or value.dtype != np.float32:
-                return False
-        return True
+                return None
+        return "only"
 
     def _program_state(self, params: Mapping[str, Any], frozen: Mapping[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"weights": {}, "stacked": [{} for _ in self.program.chains]}

@@ -145,16 +145,35 @@ class AmxWeight:
     sliced by a layer scan: each step multiplies its layer in place (:meth:`at_layer`; slicing
     would copy every layer's tiles at every step).
 
+    ``array`` (float32 ``[N, K]``, or None): the weight itself, kept for a weight that the program
+    also uses otherwise (a tied embedding, gathered by ``Embedding`` and multiplied by the head):
+    :meth:`value` gives it to those ops (``maxjax.graph.layer_weights.materialize``).
+
     ``shape`` and ``dtype`` are one layer's weight's (``[N, K]``, float32). Only :func:`matmul_t`
-    reads it; the weight itself gets no gradient (an inference program's state, or a frozen weight).
+    multiplies it; the weight itself gets no gradient (an inference program's state, or a frozen
+    weight).
     """
 
-    def __init__(self, tiles: Any, shape: tuple[int, int], tiles_t: Any = None, layer: Any = None):
+    #: ops that do not multiply it as stored get :meth:`value` (``materialize``)
+    materializes = True
+
+    def __init__(self, tiles: Any, shape: tuple[int, int], tiles_t: Any = None, layer: Any = None, array: Any = None):
         self.tiles = tiles
         self.tiles_t = tiles_t
         self.shape = tuple(int(d) for d in shape)
         #: the layer of a stack a scan step multiplies (an int32 scalar, traced), else None
         self.layer = layer
+        self.array = array
+
+    def value(self) -> Any:
+        """The weight as a float32 array, for an op that does not multiply it as stored.
+
+        Raises:
+            ValueError: it was laid out without its array (a weight the program only multiplies).
+        """
+        if self.array is None:
+            raise ValueError(f"{self!r} keeps no float32 array: only matmul_t can use it")
+        return self.array
 
     @property
     def layers(self) -> int | None:
@@ -170,6 +189,8 @@ class AmxWeight:
         """
         if self.layers is None:
             raise ValueError(f"{self!r} is one weight, not a stack of layers")
+        if self.array is not None:
+            raise ValueError(f"{self!r}: a stack keeps no array")
         return AmxWeight(self.tiles, self.shape, self.tiles_t, layer)
 
     dtype = np.dtype(np.float32)
@@ -177,18 +198,20 @@ class AmxWeight:
 
     @property
     def nbytes(self) -> int:
-        return sum(int(np.prod(t.shape)) * 2 for t in (self.tiles, self.tiles_t) if t is not None)
+        return sum(int(np.prod(t.shape)) * 2 for t in (self.tiles, self.tiles_t) if t is not None) + (
+            0 if self.array is None else int(np.prod(self.array.shape)) * 4
+        )
 
     def __repr__(self) -> str:
         stack = f", {self.layers} layers" if self.layers is not None else ""
         return f"AmxWeight(float32{list(self.shape)}{stack}{', with its transpose' if self.tiles_t is not None else ''})"
 
-    def tree_flatten(self) -> tuple[tuple[Any, Any, Any], tuple[int, int]]:
-        return (self.tiles, self.tiles_t, self.layer), self.shape
+    def tree_flatten(self) -> tuple[tuple[Any, Any, Any, Any], tuple[int, int]]:
+        return (self.tiles, self.tiles_t, self.layer, self.array), self.shape
 
     @classmethod
     def tree_unflatten(cls, shape: tuple[int, int], children: Any) -> "AmxWeight":
-        return cls(children[0], shape, children[1], children[2])
+        return cls(children[0], shape, children[1], children[2], children[3])
 
 
 def lays_out(shape: Any, dtype: Any) -> bool:
@@ -208,10 +231,11 @@ def _tiles(host: np.ndarray) -> np.ndarray:
     return tiles
 
 
-def lay_out(w: Any, device: Any = None, transposed: bool = False) -> AmxWeight:
+def lay_out(w: Any, device: Any = None, transposed: bool = False, keep: bool = False) -> AmxWeight:
     """``w`` (float32 ``[N, K]``, or a stack of layers ``[L, N, K]``; host or device) laid out for
     the kernel, on ``device``; with ``transposed``, ``w.T`` too (``tiles_t``: what a training step
-    needs to differentiate through a frozen weight; twice the memory).
+    needs to differentiate through a frozen weight; twice the memory); with ``keep``, ``w`` itself
+    as well (``array``, on ``device``: for a weight also used otherwise; not for a stack).
 
     Raises:
         ValueError: a weight :func:`lays_out` does not take (naming its shape and dtype, or why the
@@ -228,8 +252,11 @@ def lay_out(w: Any, device: Any = None, transposed: bool = False) -> AmxWeight:
         tiles, tiles_t = tiles[0], (tiles_t[0] if transposed else None)
     else:
         tiles, tiles_t = np.stack(tiles), (np.stack(tiles_t) if transposed else None)
+    if keep and host.ndim != 2:
+        raise ValueError(f"lay_out(keep=True) keeps one weight's array, not a stack's ({list(host.shape)})")
     n, k = host.shape[-2:]
-    return AmxWeight(jax.device_put(tiles, device), (n, k), None if tiles_t is None else jax.device_put(tiles_t, device))
+    put = functools.partial(jax.device_put, device=device)
+    return AmxWeight(put(tiles), (n, k), None if tiles_t is None else put(tiles_t), None, put(w) if keep else None)
 
 
 def _laid_out_product(x: Any, tiles: Any, n: int, layer: Any = None) -> jax.Array:
