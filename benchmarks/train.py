@@ -16,7 +16,10 @@ token batches made here in the parent:
     layer; batch 4 x 128 tokens of the Python documentation; AdamW 1e-3 without weight decay;
     float32 weights dequantized from the bundled GGUF, written once as a Hugging Face directory by
     ``maxjax.train.export`` so both engines start from the same bytes):
-    3. ``maxjax_lora``: ``maxjax.train.dequantized`` + ``apply_lora`` + ``Trainer(trainable="*lora_*")``;
+    3. ``maxjax_lora``: ``maxjax.train.dequantized`` + ``apply_lora`` + ``Trainer(trainable="*lora_*")``
+       (the policy's ``frozen_precision``: on a CPU with AMX-BF16 the frozen base weights multiply
+       in the AMX kernel, four bfloat16 passes);
+       ``maxjax_lora_exact``: the same with ``frozen_precision=HIGHEST`` (XLA's exact float32);
     4. ``hf_lora``: transformers ``AutoModelForCausalLM`` + PEFT ``get_peft_model(LoraConfig(...))``
        + ``torch.optim.AdamW`` on torch (``--hf-python``, default ``/work/refenv/bin/python``;
        ``torch.set_num_threads(threads)``), the loss computed as maxjax does (cross-entropy of
@@ -41,7 +44,9 @@ process takes a core (steps of 20-40 CPU seconds instead of 5 were seen here und
 contended run flatters maxjax against transformers; "best tok/s" shows each engine's fastest step.
 
 Goals (PASS/FAIL in the table): (a) maxjax tokens/s >= Flax NNX's (ratio >= 1.0); (b) maxjax
-tokens/s >= 2x transformers + PEFT's (default torch settings).
+tokens/s >= 2x transformers + PEFT's (default torch settings); issue 24's: (d) float32 LoRA >= 1.0x
+transformers + PEFT float32, (e) bfloat16 LoRA >= 1.5x transformers + PEFT under autocast; (f) shows
+the policy's frozen products against exact float32 ones, same run.
 
     python benchmarks/train.py [--quick] [--steps 8] [--thp] [--engines maxjax_scratch,flax_scratch,...]
 
@@ -70,10 +75,11 @@ RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE))
 from generate import children_cpu_s, cpu_busy_s, cpu_model, git_state, log, peak_rss_mb  # noqa: E402
 
-ENGINES = ("maxjax_scratch", "flax_scratch", "maxjax_lora", "hf_lora", "hf_lora_ftz", "maxjax_lora_bf16", "hf_lora_bf16")
-LORA_ENGINES = ("maxjax_lora", "hf_lora", "hf_lora_ftz", "maxjax_lora_bf16", "hf_lora_bf16")
+ENGINES = ("maxjax_scratch", "flax_scratch", "maxjax_lora", "maxjax_lora_exact", "hf_lora", "hf_lora_ftz", "maxjax_lora_bf16", "hf_lora_bf16")
+LORA_ENGINES = ("maxjax_lora", "maxjax_lora_exact", "hf_lora", "hf_lora_ftz", "maxjax_lora_bf16", "hf_lora_bf16")
 LABELS = {"maxjax_scratch": "maxjax (scratch)", "flax_scratch": "Flax NNX nnx.scan (scratch)",
-          "maxjax_lora": "maxjax LoRA", "hf_lora": "HF transformers + PEFT (torch)",
+          "maxjax_lora": "maxjax LoRA", "maxjax_lora_exact": "maxjax LoRA, exact frozen products",
+          "hf_lora": "HF transformers + PEFT (torch)",
           "hf_lora_ftz": "HF + PEFT, flush denormals", "maxjax_lora_bf16": "maxjax LoRA bfloat16",
           "hf_lora_bf16": "HF + PEFT, autocast bfloat16"}  # fmt: skip
 SCRATCH = dict(vocab_size=257, hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=8,
@@ -198,7 +204,7 @@ def worker_flax_scratch(req: dict) -> dict:
     return {**out, "compile_s": compile_s, "peak_rss_mb": peak_rss_mb()}
 
 
-def worker_maxjax_lora(req: dict, compute_dtype: str = "float32") -> dict:
+def worker_maxjax_lora(req: dict, compute_dtype: str = "float32", exact: bool = False) -> dict:
     import dataclasses
 
     import jax
@@ -222,11 +228,17 @@ def worker_maxjax_lora(req: dict, compute_dtype: str = "float32") -> dict:
     native = policy.bfloat16_matmul
     if compute_dtype == "bfloat16" and not native:  # measure the emulation rather than refuse
         policy = dataclasses.replace(policy, bfloat16_matmul=True)
+    if exact:  # XLA's exact float32 products for the frozen weights too (the policy's choice elsewhere)
+        policy = dataclasses.replace(policy, frozen_precision=jax.lax.Precision.HIGHEST)
     trainer = train.Trainer(model, optax.adamw(req["lr"], weight_decay=0.0), trainable="*lora_*", policy=policy,
                             compute_dtype=compute_dtype)  # fmt: skip
     out, state = run_trainer(trainer, req["lora_batches"], req["warmup"])
     return {**out, "trainable_params": sum(int(v.size) for v in state.params.values()), "compute_dtype": compute_dtype,
-            "bfloat16_native": native}  # fmt: skip
+            "bfloat16_native": native, "frozen_precision": str(policy.frozen_precision), "laid_out": trainer.laid_out}  # fmt: skip
+
+
+def worker_maxjax_lora_exact(req: dict) -> dict:
+    return worker_maxjax_lora(req, "float32", exact=True)
 
 
 def worker_maxjax_lora_bf16(req: dict) -> dict:
@@ -281,7 +293,7 @@ def worker_hf_lora_bf16(req: dict) -> dict:
 
 
 WORKERS = {"maxjax_scratch": worker_maxjax_scratch, "flax_scratch": worker_flax_scratch, "maxjax_lora": worker_maxjax_lora,
-           "hf_lora": worker_hf_lora, "hf_lora_ftz": worker_hf_lora_ftz, "maxjax_lora_bf16": worker_maxjax_lora_bf16,
+           "maxjax_lora_exact": worker_maxjax_lora_exact, "hf_lora": worker_hf_lora, "hf_lora_ftz": worker_hf_lora_ftz, "maxjax_lora_bf16": worker_maxjax_lora_bf16,
            "hf_lora_bf16": worker_hf_lora_bf16}  # fmt: skip
 
 
@@ -374,6 +386,9 @@ def verdicts(e: dict) -> list[dict]:
     ratio("maxjax_lora", "hf_lora", 2.0, "(b) maxjax / transformers+PEFT LoRA training tokens/s")
     ratio("maxjax_lora", "hf_lora_ftz", 2.0, "(b') maxjax / transformers+PEFT with flushed denormals")
     ratio("maxjax_lora_bf16", "hf_lora_bf16", 2.0, "(c) maxjax bfloat16 / transformers+PEFT autocast bfloat16 tokens/s")
+    ratio("maxjax_lora", "hf_lora", 1.0, "(d) issue 24: maxjax float32 / transformers+PEFT float32 tokens/s")
+    ratio("maxjax_lora_bf16", "hf_lora_bf16", 1.5, "(e) issue 24: maxjax bfloat16 / transformers+PEFT autocast bfloat16 tokens/s")
+    ratio("maxjax_lora", "maxjax_lora_exact", 1.0, "(f) maxjax float32, the policy's frozen products (AMX on AMX-BF16 CPUs) / exact")
     return out
 
 
@@ -491,6 +506,7 @@ def main(argv=None) -> int:
         "engines": {},
     }  # fmt: skip
     python = {"maxjax_scratch": sys.executable, "flax_scratch": sys.executable, "maxjax_lora": sys.executable,
+              "maxjax_lora_exact": sys.executable,
               "hf_lora": args.hf_python, "hf_lora_ftz": args.hf_python, "maxjax_lora_bf16": sys.executable,
               "hf_lora_bf16": args.hf_python}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:

@@ -150,3 +150,142 @@ def test_policy_runs_the_kernel_only_at_high_precision_and_where_it_takes_the_sh
     assert _uses_kernel(high, x, w) == amx.available()
     assert not _uses_kernel(high, jnp.ones((4, 48)), jnp.ones((32, 48)))  # K not a multiple of 32: XLA, exact
     np.testing.assert_array_equal(high.matmul_t(jnp.ones((4, 48)), jnp.ones((32, 48)), stored=True), np.full((4, 32), 48.0))
+
+
+# -- training: frozen weights laid out with their transposes (the policy's frozen_precision) --------
+@needs_amx
+def test_the_cotangent_through_a_laid_out_weight_runs_in_the_kernel():
+    """``x``'s cotangent through ``lay_out(w, transposed=True)`` is the kernel's ``g @ (w.T).T``
+    (bit for bit the per-call product of ``g`` and ``w.T``), within the bf16x3 bound of float64;
+    the weight gets none, and a weight laid out without its transpose refuses to be differentiated."""
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.standard_normal((70, 96)), jnp.float32)
+    w = rng.standard_normal((64, 96)).astype(np.float32)
+    g = rng.standard_normal((70, 64)).astype(np.float32)
+    laid = amx.lay_out(w, transposed=True)
+    assert laid.tiles_t.shape == (6, 64, 32) and laid.nbytes == 2 * w.nbytes
+    dx = np.asarray(jax.jit(jax.grad(lambda x: (amx.matmul_t(x, laid) * g).sum()))(x))
+    np.testing.assert_array_equal(dx, np.asarray(jax.jit(amx.matmul_t)(jnp.asarray(g), jnp.asarray(np.ascontiguousarray(w.T)))))
+    err = _rel_err(dx, g, np.ascontiguousarray(w.T))
+    assert 0 < err < BOUND, err
+    with pytest.raises(ValueError, match="without its transpose"):
+        jax.grad(lambda x: amx.matmul_t(x, amx.lay_out(w)).sum())(x)
+
+
+@needs_amx
+def test_a_laid_out_stack_multiplies_each_layer_in_place_in_a_scan():
+    """A stack ``[L, N, K]`` laid out whole gives each scan step its layer (``at_layer``), read in
+    place: the bits of that layer laid out alone, forward and cotangent; a stack multiplied without
+    a layer, or asked to keep its array, is refused."""
+    rng = np.random.default_rng(5)
+    stack = rng.standard_normal((3, 64, 96)).astype(np.float32)
+    x = jnp.asarray(rng.standard_normal((2, 10, 96)), jnp.float32)
+    laid = amx.lay_out(stack, transposed=True)
+    assert laid.layers == 3 and laid.tiles.shape == (3, 4, 96, 32) and laid.tiles_t.shape == (3, 6, 64, 32)
+
+    def f(x, laid):
+        def body(h, layer):  # h [2, 10, 96]; each layer: [2, 10, 64] -> sum back to [2, 10, 96] via its transpose
+            y = amx.matmul_t(h, laid.at_layer(layer))
+            return h + 0.01 * jnp.tanh(y).sum(-1, keepdims=True), y
+        return jax.lax.scan(body, x, jnp.arange(3, dtype=jnp.int32))
+
+    (_, ys) = jax.jit(f)(x, laid)
+    h = x
+    for i in range(3):
+        one = amx.lay_out(stack[i])
+        y = amx.matmul_t(h, one)
+        np.testing.assert_array_equal(np.asarray(ys[i]), np.asarray(y))
+        h = h + 0.01 * jnp.tanh(y).sum(-1, keepdims=True)
+    alone = [amx.lay_out(stack[i], transposed=True) for i in range(3)]
+
+    def unrolled(x):
+        h, total = x, 0.0
+        for one in alone:
+            y = amx.matmul_t(h, one)
+            h, total = h + 0.01 * jnp.tanh(y).sum(-1, keepdims=True), total + y.sum()
+        return total
+
+    g_scan = np.asarray(jax.jit(jax.grad(lambda x: f(x, laid)[1].sum()))(x))
+    np.testing.assert_allclose(g_scan, np.asarray(jax.jit(jax.grad(unrolled))(x)), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="one layer at a time"):
+        amx.matmul_t(x, laid)
+    with pytest.raises(ValueError, match="not a stack"):
+        amx.lay_out(stack[0]).at_layer(0)
+    with pytest.raises(ValueError, match="keeps one weight's array"):
+        amx.lay_out(stack, keep=True)
+
+
+@needs_amx
+def test_a_kept_array_serves_the_other_uses():
+    from maxjax.graph.layer_weights import materialize
+
+    w = np.random.default_rng(6).standard_normal((64, 32)).astype(np.float32)
+    kept = amx.lay_out(w, keep=True)
+    np.testing.assert_array_equal(np.asarray(materialize(kept)), w)
+    with pytest.raises(ValueError, match="keeps no float32 array"):
+        materialize(amx.lay_out(w))
+
+
+def test_policy_frozen_precision_by_cpu():
+    spr = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"})
+    zen4 = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16"})
+    assert cpu_policy(spr).frozen_precision == lax.Precision.HIGH
+    assert cpu_policy(zen4).frozen_precision == lax.Precision.HIGHEST
+    assert policy_for("gpu").frozen_precision is None and policy_for("tpu").frozen_precision is None
+
+
+@needs_amx
+def test_a_lora_trainer_multiplies_its_frozen_weights_in_the_kernel():
+    """A float32 LoRA Trainer on an AMX CPU lays out the frozen base layers (stacks, read in place
+    by the scan) and the tied embedding (its array kept for the gather) with their transposes; its
+    losses and adapters follow the exact-float32 Trainer's to the bf16x3 class of error, and its
+    state_dict gives the frozen weights back exactly."""
+    import dataclasses
+
+    import optax
+
+    from maxjax import nn, train
+    from maxjax.models.llama import LlamaConfig, build_llama
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+    def trainer(policy):
+        model = build_llama(config)
+        nn.init.initialize(model, jax.random.key(0))
+        train.apply_lora(model, targets, rank=4, alpha=8, key=jax.random.key(1))
+        return model, train.Trainer(model, optax.adam(1e-2), trainable="*lora_*", policy=policy)
+
+    cpu = policy_for("cpu")
+    model, fast = trainer(cpu)
+    _, exact = trainer(dataclasses.replace(cpu, frozen_precision=lax.Precision.HIGHEST))
+    assert exact.laid_out == []
+    assert sorted(fast.laid_out) == ["embed_tokens.weight"] + sorted(f"layers.*.{'self_attn' if t[0] in 'qkvo' else 'mlp'}.{t}.weight" for t in targets)
+    assert fast.frozen["embed_tokens.weight"].array is not None
+    assert fast.frozen["layers.*.mlp.up_proj.weight"].layers == 2 and fast.frozen["layers.*.mlp.up_proj.weight"].array is None
+    batch = np.random.default_rng(0).integers(0, 64, (4, 17)).astype(np.int32)
+    s_fast, s_exact = fast.init(), exact.init()
+    logits_fast = np.asarray(fast.logits(s_fast.params, fast.frozen, batch[:, :-1]))
+    logits_exact = np.asarray(exact.logits(s_exact.params, exact.frozen, batch[:, :-1]))
+    diff = np.abs(logits_fast - logits_exact).max() / np.abs(logits_exact).max()
+    assert 0 < diff < 1e-4, diff  # the kernel ran, to its class of error
+    losses = []
+    for _ in range(3):
+        s_fast, m_fast = fast.step(s_fast, batch)
+        s_exact, m_exact = exact.step(s_exact, batch)
+        losses.append((float(m_fast["loss"]), float(m_exact["loss"])))
+    for a, b in losses:
+        assert a == pytest.approx(b, rel=1e-4)
+    assert losses[-1][0] < losses[0][0]
+    for k in s_exact.params:
+        np.testing.assert_allclose(np.asarray(s_fast.params[k]), np.asarray(s_exact.params[k]), rtol=1e-3, atol=1e-4)
+    full, ref = fast.state_dict(s_fast), exact.state_dict(s_exact)
+    held = model.state_dict()
+    for n in ("embed_tokens.weight", "layers.1.mlp.down_proj.weight", "layers.0.self_attn.q_proj.weight"):
+        np.testing.assert_array_equal(np.asarray(full[n]), np.asarray(ref[n]))
+        np.testing.assert_array_equal(np.asarray(full[n]), np.asarray(held[n]))
+    assert sorted(full) == sorted(ref)

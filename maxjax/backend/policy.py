@@ -22,7 +22,9 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   out for the AMX kernel once, when the Trainer is made, together with its transpose
   (:class:`~maxjax.backend.kernels.amx.AmxWeight`: twice the weight's bytes, in place of its
   stack), and both products run in four bfloat16 passes (relative error about 2^-16). CPU with
-  AMX-BF16: ``HIGH`` (FIGURES); other CPUs: ``HIGHEST``; GPU and TPU: None (``precision``).
+  AMX-BF16: ``HIGH`` (a SmolLM2 LoRA step, batch 4 x 128, on a 2-core Sapphire Rapids Xeon,
+  processes run alternately: 179 / 189 tokens/s exact, 247 / 258 so, 1.37x; losses and adapters
+  follow the exact run's to about 1e-5); other CPUs: ``HIGHEST``; GPU and TPU: None (``precision``).
 - ``quantized_layout``: how a GGUF-quantized weight sits in device memory at run time (a layout
   name of :mod:`maxjax.graph.quantization`). CPU with AVX-512: ``"nibbles"`` (4 bits per value;
   as fast as one byte per value there, for half the memory); CPU without it: ``"unpacked"`` (one
