@@ -18,10 +18,10 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
 - ``frozen_precision``: the precision of a float32 ``Trainer``'s products with its frozen weights
   (a LoRA fine-tune's base layers), forward and in ``x``'s cotangent (``g @ w``); trainable weights
   and every other product keep ``precision``. ``HIGH`` on the CPU: each frozen float32 weight that
-  is only multiplied as stored (``Linear``; not a tied embedding, which is also gathered) is laid
-  out for the AMX kernel once, when the Trainer is made, together with its transpose
-  (:class:`~maxjax.backend.kernels.amx.AmxWeight`: twice the weight's bytes, in place of its
-  stack), and both products run in four bfloat16 passes (relative error about 2^-16). CPU with
+  is multiplied as stored (``Linear``) is laid out for the AMX kernel once, when the Trainer is
+  made, together with its transpose (:class:`~maxjax.backend.kernels.amx.AmxWeight`: twice the
+  weight's bytes, in place of its stack; a tied embedding, also gathered, keeps its array beside
+  them), and both products run in four bfloat16 passes (relative error about 2^-16). CPU with
   AMX-BF16: ``HIGH`` (a SmolLM2 LoRA step, batch 4 x 128, on a 2-core Sapphire Rapids Xeon,
   processes run alternately: 179 / 189 tokens/s exact, 247 / 258 so, 1.37x; losses and adapters
   follow the exact run's to about 1e-5); other CPUs: ``HIGHEST``; GPU and TPU: None (``precision``).
