@@ -235,13 +235,39 @@ def test_policy_frozen_precision_by_cpu():
 
 
 @needs_amx
-def test_a_lora_trainer_multiplies_its_frozen_weights_in_the_kernel():
-    """A float32 LoRA Trainer on an AMX CPU lays out the frozen base layers (stacks, read in place
-    by the scan) and the tied embedding (its array kept for the gather) with their transposes; its
-    losses and adapters follow the exact-float32 Trainer's to the bf16x3 class of error, and its
-    state_dict gives the frozen weights back exactly."""
-    import dataclasses
+@pytest.mark.parametrize("m", [5, 64, 70])
+def test_a_bfloat16_weight_multiplies_in_one_pass_as_xla_does(m):
+    """A bfloat16 weight laid out (tiles ``[N / 16, K / 2, 32]``) multiplies bfloat16 ``x`` in one
+    pass with float32 sums, rounded to bfloat16: XLA's bfloat16 dot with float32 accumulation, to
+    one bfloat16 rounding step (the order of the float32 sums differs); ``x``'s cotangent likewise;
+    the tiles give the weight back bit for bit."""
+    rng = np.random.default_rng(m)
+    x = jnp.asarray(rng.standard_normal((m, 1536)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((96, 1536)), jnp.bfloat16)
+    g = jnp.asarray(rng.standard_normal((m, 96)), jnp.bfloat16)
+    laid = amx.lay_out(w, transposed=True)
+    assert laid.bfloat16 and laid.tiles.shape == (6, 768, 32) and laid.tiles_t.shape == (96, 48, 32)
+    np.testing.assert_array_equal(np.asarray(laid.weight()).view(np.uint16), np.asarray(w).view(np.uint16))
+    y, vjp = jax.vjp(lambda x: amx.matmul_t(x, laid), x)
+    (dx,) = vjp(g)
+    assert y.dtype == dx.dtype == jnp.bfloat16 and y.shape == (m, 96) and dx.shape == (m, 1536)
+    f32 = jnp.float32
+    ref_y = lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=f32)
+    ref_dx = lax.dot_general(g, w, (((1,), (0,)), ((), ())), preferred_element_type=f32)
+    for got, ref in ((y, ref_y), (dx, ref_dx)):
+        err = np.abs(np.asarray(got, np.float32) - np.asarray(ref))
+        assert (err <= np.abs(np.asarray(ref)) * 2.0**-7 + 1e-6).all()  # within one rounding to bfloat16
+        assert (np.asarray(got) == np.asarray(ref.astype(jnp.bfloat16))).mean() > 0.95
+    stack = jnp.stack([w, -w])
+    laid_stack = amx.lay_out(stack)
+    np.testing.assert_array_equal(np.asarray(laid_stack.weight()).view(np.uint16), np.asarray(stack).view(np.uint16))
+    with pytest.raises(ValueError, match="cannot multiply"):
+        amx.matmul_t(x.astype(jnp.float32), laid)
 
+
+def _lora_trainer(policy, compute_dtype="float32"):
+    """A float32 tiny Llama with tied embeddings (every matrix a multiple of 32) and rank-4 LoRA on
+    all its projections, in a Trainer: (module, trainer)."""
     import optax
 
     from maxjax import nn, train
@@ -252,19 +278,29 @@ def test_a_lora_trainer_multiplies_its_frozen_weights_in_the_kernel():
         num_key_value_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=64,
         tie_word_embeddings=True,
     )  # fmt: skip
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model = build_llama(config)
+    nn.init.initialize(model, jax.random.key(0))
+    train.apply_lora(model, LORA_TARGETS, rank=4, alpha=8, key=jax.random.key(1))
+    return model, train.Trainer(model, optax.adam(1e-2), trainable="*lora_*", policy=policy, compute_dtype=compute_dtype)
 
-    def trainer(policy):
-        model = build_llama(config)
-        nn.init.initialize(model, jax.random.key(0))
-        train.apply_lora(model, targets, rank=4, alpha=8, key=jax.random.key(1))
-        return model, train.Trainer(model, optax.adam(1e-2), trainable="*lora_*", policy=policy)
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LAID_OUT = ["embed_tokens.weight"] + sorted(f"layers.*.{'self_attn' if t[0] in 'qkvo' else 'mlp'}.{t}.weight" for t in LORA_TARGETS)
+
+
+@needs_amx
+def test_a_lora_trainer_multiplies_its_frozen_weights_in_the_kernel():
+    """A float32 LoRA Trainer on an AMX CPU lays out the frozen base layers (stacks, read in place
+    by the scan) and the tied embedding (its array kept for the gather) with their transposes; its
+    losses and adapters follow the exact-float32 Trainer's to the bf16x3 class of error, and its
+    state_dict gives the frozen weights back exactly."""
+    import dataclasses
 
     cpu = policy_for("cpu")
-    model, fast = trainer(cpu)
-    _, exact = trainer(dataclasses.replace(cpu, frozen_precision=lax.Precision.HIGHEST))
+    model, fast = _lora_trainer(cpu)
+    _, exact = _lora_trainer(dataclasses.replace(cpu, frozen_precision=lax.Precision.HIGHEST))
     assert exact.laid_out == []
-    assert sorted(fast.laid_out) == ["embed_tokens.weight"] + sorted(f"layers.*.{'self_attn' if t[0] in 'qkvo' else 'mlp'}.{t}.weight" for t in targets)
+    assert sorted(fast.laid_out) == LAID_OUT
     assert fast.frozen["embed_tokens.weight"].array is not None
     assert fast.frozen["layers.*.mlp.up_proj.weight"].layers == 2 and fast.frozen["layers.*.mlp.up_proj.weight"].array is None
     batch = np.random.default_rng(0).integers(0, 64, (4, 17)).astype(np.int32)
@@ -289,3 +325,31 @@ def test_a_lora_trainer_multiplies_its_frozen_weights_in_the_kernel():
         np.testing.assert_array_equal(np.asarray(full[n]), np.asarray(ref[n]))
         np.testing.assert_array_equal(np.asarray(full[n]), np.asarray(held[n]))
     assert sorted(full) == sorted(ref)
+
+
+@needs_amx
+def test_a_bfloat16_lora_trainer_multiplies_its_frozen_weights_in_one_pass():
+    """A bfloat16 LoRA Trainer on an AMX CPU lays out its frozen bfloat16 weights (in place of their
+    bits) and follows the Trainer that multiplies them in XLA (same arithmetic, other order of the
+    float32 sums); its state_dict gives them back bit for bit."""
+    import dataclasses
+
+    cpu = policy_for("cpu")
+    assert cpu.bfloat16_frozen_kernel and not policy_for("gpu").bfloat16_frozen_kernel
+    _, fast = _lora_trainer(cpu, "bfloat16")
+    _, xla = _lora_trainer(dataclasses.replace(cpu, bfloat16_frozen_kernel=False), "bfloat16")
+    assert sorted(fast.laid_out) == LAID_OUT and xla.laid_out == []
+    assert all(fast.frozen[e].bfloat16 for e in LAID_OUT)
+    batch = np.random.default_rng(1).integers(0, 64, (4, 17)).astype(np.int32)
+    s_fast, s_xla = fast.init(), xla.init()
+    for _ in range(3):
+        s_fast, m_fast = fast.step(s_fast, batch)
+        s_xla, m_xla = xla.step(s_xla, batch)
+        assert float(m_fast["loss"]) == pytest.approx(float(m_xla["loss"]), rel=2e-3)
+    for k in s_xla.params:
+        np.testing.assert_allclose(np.asarray(s_fast.params[k]), np.asarray(s_xla.params[k]), rtol=0, atol=2e-3, err_msg=k)
+    got, want = fast.state_dict(s_fast), xla.state_dict(s_xla)
+    assert sorted(got) == sorted(want)
+    for n in ("embed_tokens.weight", "layers.1.mlp.down_proj.weight", "layers.0.self_attn.k_proj.weight"):
+        assert got[n].dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(got[n]).view(np.uint16), np.asarray(want[n]).view(np.uint16))

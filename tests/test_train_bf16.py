@@ -153,8 +153,9 @@ def test_frozen_bfloat16_stacks_are_scanned_as_their_bits_with_identical_steps()
         return m
 
     assert policy_for("cpu").bfloat16_stack_bits and not policy_for("gpu").bfloat16_stack_bits
-    plain_policy = dataclasses.replace(BF16, bfloat16_stack_bits=False)
-    bits = train.Trainer(lora_model(), optax.adam(1e-2), trainable="*lora_*", policy=BF16, compute_dtype="bfloat16")
+    bits_policy = dataclasses.replace(BF16, bfloat16_frozen_kernel=False)  # (the AMX kernel's layout: tests/test_amx.py)
+    plain_policy = dataclasses.replace(bits_policy, bfloat16_stack_bits=False)
+    bits = train.Trainer(lora_model(), optax.adam(1e-2), trainable="*lora_*", policy=bits_policy, compute_dtype="bfloat16")
     plain = train.Trainer(lora_model(), optax.adam(1e-2), trainable="*lora_*", policy=plain_policy, compute_dtype="bfloat16")
     batch = tokens(2, 9, seed=5)
     s1, s2 = bits.init(seed=0), plain.init(seed=0)

@@ -21,6 +21,7 @@ import dataclasses
 from typing import Any, Callable, Mapping
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 import numpy as np
 
@@ -210,7 +211,7 @@ class Program:
         stored (``Linear``), and the kernel takes it; else ``value``."""
         if not (self.policy.platform == "cpu" and self.policy.precision == lax.Precision.HIGH and uses == {"stored_rhs"}):
             return value
-        if not isinstance(value, jax.Array) or len(value.sharding.device_set) != 1 or not amx.lays_out(value.shape, value.dtype):
+        if not isinstance(value, jax.Array) or value.dtype != jnp.float32 or len(value.sharding.device_set) != 1 or not amx.lays_out(value.shape, value.dtype):
             return value
         return amx.lay_out(value, next(iter(value.sharding.device_set)))
 

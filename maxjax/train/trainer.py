@@ -251,6 +251,15 @@ class Trainer:
                     m = v.astype(jnp.float32)
                 self._initial[e] = m
         self.frozen = self._place({e: v for e, v in values.items() if e not in self._initial})
+        self.laid_out: list[str] = []
+        for e in list(self.frozen):  # frozen weights laid out for the AMX kernel (frozen_precision, bfloat16_frozen_kernel)
+            how = self._lays_out(e, self.frozen[e])
+            if how is not None:
+                where = self._where[e]
+                values.pop(e, None)
+                (prepared["weights"] if where[0] == "weights" else prepared["stacked"][where[1]]).pop(where[-1], None)
+                self.frozen[e] = amx.lay_out(self.frozen.pop(e), self._replicated(), transposed=True, keep=how == "kept")
+                self.laid_out.append(e)
         for e in list(self.frozen):  # frozen bfloat16 stacks kept as their bits (see logits)
             v = self.frozen[e]
             if self._scanned_as_bits(e, v):
@@ -259,15 +268,6 @@ class Trainer:
                 prepared["stacked"][where[1]].pop(where[2], None)
                 self.frozen[e] = StackBits.of(v)  # one copy now, and none at each step
             del v
-        self.laid_out: list[str] = []
-        for e in list(self.frozen):  # frozen float32 weights laid out for the AMX kernel (frozen_precision)
-            how = self._lays_out(e, self.frozen[e])
-            if how is not None:
-                where = self._where[e]
-                values.pop(e, None)
-                (prepared["weights"] if where[0] == "weights" else prepared["stacked"][where[1]]).pop(where[-1], None)
-                self.frozen[e] = amx.lay_out(self.frozen.pop(e), self._replicated(), transposed=True, keep=how == "kept")
-                self.laid_out.append(e)
         self.num_compiles = 0
         #: seconds each compiled batch shape took to compile, by ``(batch, seq + 1)``
         self.compile_seconds: dict[tuple[int, ...], float] = {}
@@ -323,11 +323,14 @@ class Trainer:
         of a stack unstacked), e.g. for :func:`~maxjax.train.lora.merge_lora` and export."""
         frozen = {e: v.value() if isinstance(v, StackBits) else v for e, v in self.frozen.items() if e not in self.laid_out}
         out = self.program.unstack(self._program_state(state.params, frozen))
-        only = [e for e in self.laid_out if self.frozen[e].array is None]
+        only = [e for e in self.laid_out if self.frozen[e].array is None and not self.frozen[e].bfloat16]
         for e in self.laid_out:
-            if e not in only:
-                out[self.entries[e][0]] = self.frozen[e].array
-        if only:  # their exact values, from the module (not held twice)
+            if e in only:
+                continue
+            full = self.frozen[e].weight()  # the kept array, or the bfloat16 weight from its tiles (exact)
+            for i, n in enumerate(self.entries[e]):
+                out[n] = full[i] if self._where[e][0] == "stacked" else full
+        if only:  # float32: their exact values, from the module (not held twice)
             held = self.module.state_dict(auto_initialize=False)
             for e in only:
                 for n in self.entries[e]:
@@ -360,9 +363,12 @@ class Trainer:
         from jax import lax
 
         policy = self.program.policy
-        if not (policy.platform == "cpu" and policy.frozen_precision == lax.Precision.HIGH):
+        if policy.platform != "cpu" or self.mesh is not None or not isinstance(v, jax.Array):
             return None
-        if self.compute_dtype != "float32" or self.mesh is not None or not isinstance(v, jax.Array):
+        if self.compute_dtype == "bfloat16":
+            if not policy.bfloat16_frozen_kernel or v.dtype != jnp.bfloat16:
+                return None
+        elif policy.frozen_precision != lax.Precision.HIGH or v.dtype != jnp.float32:
             return None
         where = self._where[entry]
         if where[0] == "weights":
@@ -373,6 +379,8 @@ class Trainer:
             return None
         if uses != {"stored_rhs"}:
             return "kept" if ndim == 2 else None
+        if v.dtype == jnp.bfloat16:
+            return "only"  # its tiles give it back exactly
         held = self.module.raw_state_dict()
         for n in self.entries[entry]:
             w = held.get(n)

@@ -163,9 +163,37 @@ void pack_columns(const float* w, int64_t k, uint16_t* b, int64_t b0, int64_t b1
   }
 }
 
+// Column blocks [b0, b1) of b for a bfloat16 w [n, k]: w's rows 16 at a time, laid out as the tiles
+// read them (the pairs (k, k + 1) of each column side by side: the hi half of pack_columns).
+void pack_columns_bf16(const uint16_t* w, int64_t k, uint16_t* b, int64_t b0, int64_t b1) {
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    uint32_t* dst = reinterpret_cast<uint32_t*>(b + blk * (k / 2) * 32);
+    for (int64_t c = 0; c < k; c += 32) {
+      __m512i r[16];
+      for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_si512(w + (blk * 16 + j) * k + c);
+      transpose16(r);
+      for (int u = 0; u < 16; ++u) _mm512_storeu_si512(dst + (c / 2 + u) * 16, r[u]);
+    }
+  }
+}
+
+// How a and b are laid out for block32: a row of a holds `a_row` bfloat16 values (the x parts
+// side by side), a 16-column block of b `b_blk`; `passes` (x part, w part) offsets, in bfloat16
+// values along a row of a and in pairs of b.
+struct Passes {
+  int64_t a_row, b_blk;
+  int count;
+  int64_t offsets[4][2];
+};
+
+// float32 x (three parts) times w (two): x_hi w_hi, x_hi w_lo, x_mid w_hi, x_lo w_hi.
+inline Passes bf16x3_passes(int64_t k) { return {kXParts * k, k * 32, 4, {{0, 0}, {0, k / 2}, {k, 0}, {2 * k, 0}}}; }
+// bfloat16 x times bfloat16 w (one part each): one pass.
+inline Passes bf16_passes(int64_t k) { return {k, (k / 2) * 32, 1, {{0, 0}}}; }
+
 // out rows [m0, m0 + 32) (fewer in the last block: `rows`), columns [n0, n0 + 32), plus the products
 // over columns [c0, c0 + len) of x and w (len a multiple of 32); `first`: out starts at zero.
-inline void block32(const uint16_t* a, const uint16_t* b, float* out, int64_t k, int64_t n, int64_t m0, int64_t n0, int64_t rows,
+inline void block32(const uint16_t* a, const uint16_t* b, const Passes& ps, float* out, int64_t n, int64_t m0, int64_t n0, int64_t rows,
                     int64_t c0, int64_t len, bool first) {
   alignas(64) float tmp[32 * 32];
   float* o = out + m0 * n + n0;
@@ -188,15 +216,13 @@ inline void block32(const uint16_t* a, const uint16_t* b, float* out, int64_t k,
     _tile_loadd(2, o + 16 * step, ldo);
     _tile_loadd(3, o + 16 * step + 16, ldo);
   }
-  const int64_t lda = kXParts * k * sizeof(uint16_t);
-  const uint16_t* a0 = a + m0 * kXParts * k;
-  const uint16_t* a1 = a0 + 16 * kXParts * k;
-  const uint16_t* b0 = b + (n0 / 16) * k * 32;
-  const uint16_t* b1 = b0 + k * 32;
-  // (x part, w part) offsets, in bfloat16 values along a row of a and in pairs of b:
-  // x_hi w_hi, x_hi w_lo, x_mid w_hi, x_lo w_hi
-  const int64_t parts[4][2] = {{0, 0}, {0, k / 2}, {k, 0}, {2 * k, 0}};
-  for (const auto& part : parts) {
+  const int64_t lda = ps.a_row * sizeof(uint16_t);
+  const uint16_t* a0 = a + m0 * ps.a_row;
+  const uint16_t* a1 = a0 + 16 * ps.a_row;
+  const uint16_t* b0 = b + (n0 / 16) * ps.b_blk;
+  const uint16_t* b1 = b0 + ps.b_blk;
+  for (int i = 0; i < ps.count; ++i) {
+    const int64_t* part = ps.offsets[i];
     for (int64_t c = c0; c < c0 + len; c += 32) {
       _tile_loadd(4, a0 + part[0] + c, lda);
       _tile_loadd(5, a1 + part[0] + c, lda);
@@ -268,6 +294,28 @@ class Scratch {
   static inline std::vector<std::pair<Ptr, int64_t>> free_;
 };
 
+// out = a @ b for a and b laid out as `ps` says (step 2 of run and run_bf16): per chunk of
+// columns of x and w, tasks are (panel, 32-row block) pairs, panel-major, so that consecutive
+// tasks reuse a panel of b.
+void multiply(ffi::ThreadPool& pool, const uint16_t* a, const uint16_t* b, const Passes& ps, int64_t m, int64_t k, int64_t n, float* o) {
+  const int64_t row_blocks = (m + 31) / 32;
+  for (int64_t c0 = 0; c0 < k; c0 += kKChunk) {
+    const int64_t len = std::min(kKChunk, k - c0);
+    const int64_t widest = std::min(kPanelColumns, std::max<int64_t>(32, kPanelBytes / (2 * len * 2) / 32 * 32));
+    const int64_t panels = (n + widest - 1) / widest;
+    const int64_t panel = (n / 32 + panels - 1) / panels * 32;  // the columns split evenly
+    parallel_for(pool, panels * row_blocks, m * n * len * ps.count / 4, [&](int64_t t0, int64_t t1) {
+      configure_tiles();
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t p = t / row_blocks, rb = t % row_blocks;
+        const int64_t n_end = std::min(n, (p + 1) * panel), rows = std::min<int64_t>(32, m - rb * 32);
+        for (int64_t n0 = p * panel; n0 < n_end; n0 += 32) block32(a, b, ps, o, n, rb * 32, n0, rows, c0, len, c0 == 0);
+      }
+      _tile_release();
+    });
+  }
+}
+
 // out = x @ w.T for x float32 [m, k] and w laid out in b (pack_columns), or, with b null, w
 // float32 [n, k] laid out here first.
 void run(ffi::ThreadPool& pool, const float* xp, int64_t m, int64_t k, int64_t n, const float* wp, const uint16_t* b, float* o) {
@@ -285,24 +333,20 @@ void run(ffi::ThreadPool& pool, const float* xp, int64_t m, int64_t k, int64_t n
         pack_columns(wp, k, b_laid, t - row_tasks, t - row_tasks + 1);
     }
   });
-  if (!b) b = b_laid;
-  // 2. the products: per chunk of columns of x and w, tasks are (panel, 32-row block) pairs,
-  // panel-major, so that consecutive tasks reuse a panel of b
-  const int64_t row_blocks = mp / 32;
-  for (int64_t c0 = 0; c0 < k; c0 += kKChunk) {
-    const int64_t len = std::min(kKChunk, k - c0);
-    const int64_t widest = std::min(kPanelColumns, std::max<int64_t>(32, kPanelBytes / (2 * len * 2) / 32 * 32));
-    const int64_t panels = (n + widest - 1) / widest;
-    const int64_t panel = (n / 32 + panels - 1) / panels * 32;  // the columns split evenly
-    parallel_for(pool, panels * row_blocks, m * n * len, [&](int64_t t0, int64_t t1) {
-      configure_tiles();
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t p = t / row_blocks, rb = t % row_blocks;
-        const int64_t n_end = std::min(n, (p + 1) * panel), rows = std::min<int64_t>(32, m - rb * 32);
-        for (int64_t n0 = p * panel; n0 < n_end; n0 += 32) block32(a, b, o, k, n, rb * 32, n0, rows, c0, len, c0 == 0);
-      }
-      _tile_release();
-    });
+  // 2. the products
+  multiply(pool, a, b ? b : b_laid, bf16x3_passes(k), m, k, n, o);
+}
+
+// out = x @ w.T for x bfloat16 [m, k] and bfloat16 w laid out in b (pack_columns_bf16): one
+// pass; x's rows are read in place, but for a last block of fewer than 32 rows (copied, padded).
+void run_bf16(ffi::ThreadPool& pool, const uint16_t* xp, int64_t m, int64_t k, int64_t n, const uint16_t* b, float* o) {
+  const int64_t full = m / 32 * 32;
+  if (full) multiply(pool, xp, b, bf16_passes(k), full, k, n, o);
+  if (full < m) {
+    Scratch tail(32 * k);
+    std::memset(tail.data(), 0, 32 * k * sizeof(uint16_t));
+    std::memcpy(tail.data(), xp + full * k, (m - full) * k * sizeof(uint16_t));
+    multiply(pool, tail.data(), b, bf16_passes(k), m - full, k, n, o + full * n);
   }
 }
 
@@ -346,7 +390,35 @@ ffi::Error Bf16x3MatmulLayer(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
   return ffi::Error::Success();
 }
 
+// bfloat16 x [M, K] times a bfloat16 w laid out (maxjax_amx_lay_out_bf16: tiles uint16
+// [N / 16, K / 2, 32]), or layer `layer` of a stack of them ([L, N / 16, K / 2, 32], read in
+// place): one pass, float32 out [M, N].
+ffi::Error Bf16MatmulLayer(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::U16> tiles, ffi::Buffer<ffi::S32> layer,
+                           ffi::ResultBuffer<ffi::F32> out) {
+  auto xd = x.dimensions(), td = tiles.dimensions();
+  const bool stack = td.size() == 4;
+  if (xd.size() != 2 || (td.size() != 3 && !stack) || layer.element_count() != 1)
+    return ffi::Error::InvalidArgument("bf16 matmul: x [M, K], tiles [(L,) N / 16, K / 2, 32] and layer [] disagree");
+  const int64_t s = stack ? 1 : 0;
+  if (td[s + 1] * 2 != xd[1] || td[s + 2] != 32) return ffi::Error::InvalidArgument("bf16 matmul: x [M, K] and tiles [(L,) N / 16, K / 2, 32] disagree");
+  const int64_t m = xd[0], k = xd[1], n = td[s] * 16, l = stack ? *layer.typed_data() : 0;
+  if (l < 0 || (stack && l >= td[0])) return ffi::Error::InvalidArgument("bf16 matmul: layer index outside the stack");
+  if (auto e = check(m, k, n, out->element_count()); e.failure()) return e;
+  const uint16_t* b = tiles.typed_data() + l * (n / 16) * (k / 2) * 32;
+  if (m) run_bf16(pool, x.typed_data(), m, k, n, b, out->typed_data());
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_bf16_matmul_layer, Bf16MatmulLayer,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // x [M, K]
+                                  .Arg<ffi::Buffer<ffi::U16>>()   // tiles [(L,) N / 16, K / 2, 32]
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // layer [] (ignored for one weight)
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // out [M, N]
+);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_bf16x3_matmul_layer, Bf16x3MatmulLayer,
                               ffi::Ffi::Bind()
@@ -379,6 +451,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_bf16x3_matmul_laid_out, Bf16x3MatmulLaidOut
 extern "C" int maxjax_amx_lay_out(const float* w, int64_t n, int64_t k, uint16_t* tiles) {
   if (n % 32 || k % 32) return -1;
   pack_columns(w, k, tiles, 0, n / 16);
+  return 0;
+}
+
+// w bfloat16 [n, k] (n and k multiples of 32) -> its tiles, uint16 [n / 16, k / 2, 32]
+// (pack_columns_bf16): 0, or -1 for shapes it cannot take.
+extern "C" int maxjax_amx_lay_out_bf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* tiles) {
+  if (n % 32 || k % 32) return -1;
+  pack_columns_bf16(w, k, tiles, 0, n / 16);
   return 0;
 }
 #endif  // MAXJAX_AMX
