@@ -22,9 +22,10 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   made, together with its transpose (:class:`~maxjax.backend.kernels.amx.AmxWeight`: twice the
   weight's bytes, in place of its stack; a tied embedding, also gathered, keeps its array beside
   them), and both products run in four bfloat16 passes (relative error about 2^-16). CPU with
-  AMX-BF16: ``HIGH`` (a SmolLM2 LoRA step, batch 4 x 128, on a 2-core Sapphire Rapids Xeon,
-  processes run alternately: 179 / 189 tokens/s exact, 247 / 258 so, 1.37x; losses and adapters
-  follow the exact run's to about 1e-5); other CPUs: ``HIGHEST``; GPU and TPU: None (``precision``).
+  AMX-BF16: ``HIGH`` (a SmolLM2 LoRA step, batch 4 x 128, on a 2-core Sapphire Rapids Xeon:
+  1.16-1.51x the exact step's tokens/s in processes run alternately and in benchmark runs,
+  ``benchmarks/results/train_lora_amx_avx512.txt``; the loss curve the same to 3 decimals);
+  other CPUs: ``HIGHEST``; GPU and TPU: None (``precision``).
 - ``bfloat16_frozen_kernel``: a bfloat16 ``Trainer``'s frozen weights that the model multiplies as
   stored are laid out once, at construction, for maxjax's AMX kernel with their transposes
   (:class:`~maxjax.backend.kernels.amx.AmxWeight`, bfloat16 tiles: the weight's bytes twice, in

@@ -38,15 +38,16 @@ scaling: bfloat16 has float32's exponent range, so gradients do not underflow.
 :meth:`Trainer.state_dict` then gives the trainable weights in float32 and the frozen ones in
 bfloat16 (what the step ran with).
 
-Frozen weights in float32 steps: where the backend policy's ``frozen_precision`` is ``HIGH`` (a
-CPU with AMX-BF16), each frozen float32 weight that the model only multiplies as stored (the base
-layers of a LoRA fine-tune) is laid out once, at construction, for the AMX kernel together with
-its transpose (:class:`~maxjax.backend.kernels.amx.AmxWeight`), and its products, forward and
-``x``'s cotangent, run in four bfloat16 passes (relative error about 2^-16; the trainable weights
-and their gradients stay exact float32). :attr:`Trainer.laid_out` names those entries; their exact
-values are not held twice: :meth:`Trainer.state_dict` reads them from the module, which the
-Trainer never changes. Pass a policy with ``frozen_precision=jax.lax.Precision.HIGHEST`` for
-XLA's exact float32 products.
+Frozen weights on a CPU with AMX-BF16: each frozen float matrix that the model multiplies as stored
+(the base layers of a LoRA fine-tune; a tied embedding, also gathered, keeps its array too) is laid
+out once, at construction, for maxjax's AMX kernel together with its transpose
+(:class:`~maxjax.backend.kernels.amx.AmxWeight`), and its products, forward and ``x``'s cotangent,
+run there. In float32 steps (the policy's ``frozen_precision``, ``HIGH``) that is four bfloat16
+passes, relative error about 2^-16 (the trainable weights and their gradients stay exact float32;
+pass a policy with ``frozen_precision=jax.lax.Precision.HIGHEST`` for XLA's exact products); the
+exact values are not held twice: :meth:`Trainer.state_dict` reads them from the module, which the
+Trainer never changes. In bfloat16 steps (``bfloat16_frozen_kernel``) it is one pass, XLA's
+arithmetic, and the tiles give the weights back exactly. :attr:`Trainer.laid_out` names them.
 """
 
 from __future__ import annotations
@@ -147,9 +148,10 @@ class Trainer:
         frozen: the frozen weights by state entry name, as the step takes them (placed on its
             devices): arrays, or, for bfloat16 stacks where the policy says
             (``bfloat16_stack_bits``), :class:`~maxjax.graph.layer_weights.StackBits` holding their
-            bit patterns (:meth:`state_dict` gives them back as bfloat16), or, where the policy's
-            ``frozen_precision`` is ``HIGH``, :class:`~maxjax.backend.kernels.amx.AmxWeight`
-            (float32 weights laid out for the AMX kernel with their transposes).
+            bit patterns (:meth:`state_dict` gives them back as bfloat16), or, on a CPU with
+            AMX-BF16 (the policy's ``frozen_precision`` / ``bfloat16_frozen_kernel``),
+            :class:`~maxjax.backend.kernels.amx.AmxWeight` (laid out for the AMX kernel with
+            their transposes).
         laid_out: the names of the :attr:`frozen` entries held as ``AmxWeight``.
     """
 
@@ -354,10 +356,11 @@ class Trainer:
         )
 
     def _lays_out(self, entry: str, v: Any) -> str | None:
-        """Whether and how the frozen value ``v`` of ``entry`` is laid out for the AMX kernel, in a
-        float32 step on one device where the policy's ``frozen_precision`` is ``HIGH`` on the
-        CPU, for a float32 matrix (or stack) the kernel takes: ``"only"`` where the model only
-        multiplies it as stored and the module's values are the prepared ones (what
+        """Whether and how the frozen value ``v`` of ``entry`` is laid out for the AMX kernel: in a
+        step on one CPU device, a float32 matrix (or stack) where the policy's
+        ``frozen_precision`` is ``HIGH``, or a bfloat16 one where its ``bfloat16_frozen_kernel``
+        says, that the kernel takes: ``"only"`` where the model only multiplies it as stored (and,
+        for float32, the module holds a float32 value of its shape under each of its names: what
         :meth:`state_dict` reads back), ``"kept"`` (its array kept beside the tiles) for a matrix
         the model also uses otherwise (a tied embedding); else None."""
         from jax import lax
