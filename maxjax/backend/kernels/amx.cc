@@ -177,19 +177,20 @@ void pack_columns_bf16(const uint16_t* w, int64_t k, uint16_t* b, int64_t b0, in
   }
 }
 
-// How a and b are laid out for block32: a row of a holds `a_row` bfloat16 values (the x parts
-// side by side), a 16-column block of b `b_blk`; `passes` (x part, w part) offsets, in bfloat16
-// values along a row of a and in pairs of b.
+// How a and b are laid out for block32, and which products it forms: a row of a holds `a_row`
+// bfloat16 values, a 16-column block of b `b_blk`; `count` 4: x in three parts side by side along
+// a row of a (each `x_part` values), w in two along a block of b (`w_part` pairs), the passes
+// x_hi w_hi, x_hi w_lo, x_mid w_hi, x_lo w_hi; `count` 1: x and w whole, one pass.
 struct Passes {
   int64_t a_row, b_blk;
   int count;
-  int64_t offsets[4][2];
+  int64_t x_part, w_part;
 };
 
-// float32 x (three parts) times w (two): x_hi w_hi, x_hi w_lo, x_mid w_hi, x_lo w_hi.
-inline Passes bf16x3_passes(int64_t k) { return {kXParts * k, k * 32, 4, {{0, 0}, {0, k / 2}, {k, 0}, {2 * k, 0}}}; }
-// bfloat16 x times bfloat16 w (one part each): one pass.
-inline Passes bf16_passes(int64_t k) { return {k, (k / 2) * 32, 1, {{0, 0}}}; }
+// float32 x (three parts) times w (two).
+inline Passes bf16x3_passes(int64_t k) { return {kXParts * k, k * 32, 4, k, k / 2}; }
+// bfloat16 x times bfloat16 w: one pass.
+inline Passes bf16_passes(int64_t k) { return {k, (k / 2) * 32, 1, 0, 0}; }
 
 // out rows [m0, m0 + 32) (fewer in the last block: `rows`), columns [n0, n0 + 32), plus the products
 // over columns [c0, c0 + len) of x and w (len a multiple of 32); `first`: out starts at zero.
@@ -221,50 +222,28 @@ inline void block32(const uint16_t* a, const uint16_t* b, const Passes& ps, floa
   const uint16_t* a1 = a0 + 16 * ps.a_row;
   const uint16_t* b0 = b + (n0 / 16) * ps.b_blk;
   const uint16_t* b1 = b0 + ps.b_blk;
-  if (ps.count == 4) {  // bf16x3_passes, 32 columns at a time: 12 tile loads for 16 products, not 16
-    const int64_t mid = ps.offsets[2][0], lo = ps.offsets[3][0], w_lo = ps.offsets[1][1];
-    for (int64_t c = c0; c < c0 + len; c += 32) {
-      _tile_loadd(4, a0 + c, lda);  // x_hi w_hi
-      _tile_loadd(5, a1 + c, lda);
-      _tile_loadd(6, b0 + (c / 2) * 32, 64);
-      _tile_loadd(7, b1 + (c / 2) * 32, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-      _tile_loadd(6, b0 + (w_lo + c / 2) * 32, 64);  // x_hi w_lo
-      _tile_loadd(7, b1 + (w_lo + c / 2) * 32, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-      _tile_loadd(4, a0 + mid + c, lda);  // x_mid w_hi
-      _tile_loadd(5, a1 + mid + c, lda);
-      _tile_loadd(6, b0 + (c / 2) * 32, 64);
-      _tile_loadd(7, b1 + (c / 2) * 32, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-      _tile_loadd(4, a0 + lo + c, lda);  // x_lo w_hi
-      _tile_loadd(5, a1 + lo + c, lda);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-  }
-  for (int i = 0; i < ps.count && ps.count != 4; ++i) {
-    const int64_t* part = ps.offsets[i];
-    for (int64_t c = c0; c < c0 + len; c += 32) {
-      _tile_loadd(4, a0 + part[0] + c, lda);
-      _tile_loadd(5, a1 + part[0] + c, lda);
-      _tile_loadd(6, b0 + (part[1] + c / 2) * 32, 64);
-      _tile_loadd(7, b1 + (part[1] + c / 2) * 32, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+  auto load_x = [&](int64_t at) {  // x's rows m0.., values at.. of a row of a
+    _tile_loadd(4, a0 + at, lda);
+    _tile_loadd(5, a1 + at, lda);
+  };
+  auto load_w = [&](int64_t pair) {  // w's columns n0.., pairs pair.. of their blocks of b
+    _tile_loadd(6, b0 + pair * 32, 64);
+    _tile_loadd(7, b1 + pair * 32, 64);
+  };
+  auto products = [] {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  };
+  // The passes run per 32 columns, each reusing the tiles of the pass before that it shares
+  // (four passes: 12 tile loads for 16 products, rather than 16).
+  for (int64_t c = c0; c < c0 + len; c += 32) {
+    load_x(c), load_w(c / 2), products();  // x_hi w_hi (with one pass: x w)
+    if (ps.count == 4) {
+      load_w(ps.w_part + c / 2), products();                 // x_hi w_lo
+      load_x(ps.x_part + c), load_w(c / 2), products();      // x_mid w_hi
+      load_x(2 * ps.x_part + c), products();                 // x_lo w_hi
     }
   }
   _tile_stored(0, o, ldo);
