@@ -23,8 +23,7 @@
 //   b: w as bfloat16 tiles [N / 16][2K / 2][16][2]: for each block of 16 output columns, the pairs
 //      (k, k + 1) of each column side by side (the tiles' VNNI layout), hi(w) for k < K, then
 //      lo(w). Not for a weight laid out so once (maxjax_amx_lay_out, when a program's state is
-//      prepared: maxjax_bf16x3_matmul_laid_out; one layer of a laid-out stack, read in place:
-//      maxjax_bf16x3_matmul_layer);
+//      prepared, or a stack of them, a layer read in place: maxjax_bf16x3_matmul_laid_out);
 // then multiplies them in blocks of 32 rows x 32 columns (four accumulator tiles), a panel of
 // columns at a time so that the panel's b stays in the core's L2 across the row blocks. Rows are
 // independent: a row's result does not depend on the other rows or on how the work is split.
@@ -377,68 +376,62 @@ ffi::Error Bf16x3Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
   return ffi::Error::Success();
 }
 
-// The same with w already laid out (maxjax_amx_lay_out): tiles uint16 [N / 16, K, 32].
-ffi::Error Bf16x3MatmulLaidOut(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U16> tiles, ffi::ResultBuffer<ffi::F32> out) {
-  auto xd = x.dimensions(), td = tiles.dimensions();
-  if (xd.size() != 2 || td.size() != 3 || td[1] != xd[1] || td[2] != 32)
-    return ffi::Error::InvalidArgument("bf16x3 matmul: x [M, K] and tiles [N / 16, K, 32] disagree");
-  const int64_t m = xd[0], k = xd[1], n = td[0] * 16;
-  if (auto e = check(m, k, n, out->element_count()); e.failure()) return e;
-  if (m) run(pool, x.typed_data(), m, k, n, nullptr, tiles.typed_data(), out->typed_data());
+// The weight a laid-out operand holds: tiles [N / 16, rows, 32] (rows: K for a float32 weight's two
+// parts, K / 2 for a bfloat16 one), or layer `layer` of a stack of them [L, N / 16, rows, 32], read
+// in place (a scan step; slicing the stack would copy the layer). Sets n and b (its first tile).
+ffi::Error laid_out_weight(ffi::Buffer<ffi::U16>& tiles, ffi::Buffer<ffi::S32>& layer, int64_t rows, const std::string& what, int64_t& n,
+                           const uint16_t*& b) {
+  auto td = tiles.dimensions();
+  const bool stack = td.size() == 4;
+  if ((td.size() != 3 && !stack) || layer.element_count() != 1)
+    return ffi::Error::InvalidArgument(what + ": tiles [(L,) N / 16, rows, 32] and layer [] expected");
+  const int64_t s = stack ? 1 : 0, l = stack ? *layer.typed_data() : 0;
+  if (td[s + 1] != rows || td[s + 2] != 32) return ffi::Error::InvalidArgument(what + ": x [M, K] and the tiles disagree");
+  if (l < 0 || (stack && l >= td[0])) return ffi::Error::InvalidArgument(what + ": layer index outside the stack");
+  n = td[s] * 16;
+  b = tiles.typed_data() + l * td[s] * rows * 32;
   return ffi::Error::Success();
 }
 
-// The same with one layer of a stack of laid-out weights, read in place (a scan step; slicing
-// the stack would copy the layer): tiles uint16 [L, N / 16, K, 32], layer int32 [].
-ffi::Error Bf16x3MatmulLayer(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U16> tiles, ffi::Buffer<ffi::S32> layer,
-                             ffi::ResultBuffer<ffi::F32> out) {
-  auto xd = x.dimensions(), td = tiles.dimensions();
-  if (xd.size() != 2 || td.size() != 4 || td[2] != xd[1] || td[3] != 32 || layer.element_count() != 1)
-    return ffi::Error::InvalidArgument("bf16x3 matmul: x [M, K], tiles [L, N / 16, K, 32] and layer [] disagree");
-  const int64_t m = xd[0], k = xd[1], n = td[1] * 16, l = *layer.typed_data();
-  if (l < 0 || l >= td[0]) return ffi::Error::InvalidArgument("bf16x3 matmul: layer index outside the stack");
+// float32 x [M, K] times a float32 w laid out (maxjax_amx_lay_out: tiles uint16 [N / 16, K, 32]),
+// or a layer of a stack of them (the layer index is ignored for one weight): float32 out [M, N].
+ffi::Error Bf16x3MatmulLaidOut(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U16> tiles, ffi::Buffer<ffi::S32> layer,
+                               ffi::ResultBuffer<ffi::F32> out) {
+  auto xd = x.dimensions();
+  if (xd.size() != 2) return ffi::Error::InvalidArgument("bf16x3 matmul: x must be [M, K]");
+  const int64_t m = xd[0], k = xd[1];
+  int64_t n;
+  const uint16_t* b;
+  if (auto e = laid_out_weight(tiles, layer, k, "bf16x3 matmul", n, b); e.failure()) return e;
   if (auto e = check(m, k, n, out->element_count()); e.failure()) return e;
-  if (m) run(pool, x.typed_data(), m, k, n, nullptr, tiles.typed_data() + l * (n / 16) * k * 32, out->typed_data());
+  if (m) run(pool, x.typed_data(), m, k, n, nullptr, b, out->typed_data());
   return ffi::Error::Success();
 }
 
 // bfloat16 x [M, K] times a bfloat16 w laid out (maxjax_amx_lay_out_bf16: tiles uint16
-// [N / 16, K / 2, 32]), or layer `layer` of a stack of them ([L, N / 16, K / 2, 32], read in
-// place): one pass, float32 out [M, N].
-ffi::Error Bf16MatmulLayer(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::U16> tiles, ffi::Buffer<ffi::S32> layer,
-                           ffi::ResultBuffer<ffi::F32> out) {
-  auto xd = x.dimensions(), td = tiles.dimensions();
-  const bool stack = td.size() == 4;
-  if (xd.size() != 2 || (td.size() != 3 && !stack) || layer.element_count() != 1)
-    return ffi::Error::InvalidArgument("bf16 matmul: x [M, K], tiles [(L,) N / 16, K / 2, 32] and layer [] disagree");
-  const int64_t s = stack ? 1 : 0;
-  if (td[s + 1] * 2 != xd[1] || td[s + 2] != 32) return ffi::Error::InvalidArgument("bf16 matmul: x [M, K] and tiles [(L,) N / 16, K / 2, 32] disagree");
-  const int64_t m = xd[0], k = xd[1], n = td[s] * 16, l = stack ? *layer.typed_data() : 0;
-  if (l < 0 || (stack && l >= td[0])) return ffi::Error::InvalidArgument("bf16 matmul: layer index outside the stack");
+// [N / 16, K / 2, 32]), or a layer of a stack of them: one pass, float32 out [M, N].
+ffi::Error Bf16MatmulLaidOut(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::U16> tiles, ffi::Buffer<ffi::S32> layer,
+                             ffi::ResultBuffer<ffi::F32> out) {
+  auto xd = x.dimensions();
+  if (xd.size() != 2) return ffi::Error::InvalidArgument("bf16 matmul: x must be [M, K]");
+  const int64_t m = xd[0], k = xd[1];
+  int64_t n;
+  const uint16_t* b;
+  if (auto e = laid_out_weight(tiles, layer, k / 2, "bf16 matmul", n, b); e.failure()) return e;
   if (auto e = check(m, k, n, out->element_count()); e.failure()) return e;
-  const uint16_t* b = tiles.typed_data() + l * (n / 16) * (k / 2) * 32;
   if (m) run_bf16(pool, x.typed_data(), m, k, n, b, out->typed_data());
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_bf16_matmul_layer, Bf16MatmulLayer,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_bf16_matmul_laid_out, Bf16MatmulLaidOut,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // x [M, K]
                                   .Arg<ffi::Buffer<ffi::U16>>()   // tiles [(L,) N / 16, K / 2, 32]
                                   .Arg<ffi::Buffer<ffi::S32>>()   // layer [] (ignored for one weight)
                                   .Ret<ffi::Buffer<ffi::F32>>()   // out [M, N]
-);
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_bf16x3_matmul_layer, Bf16x3MatmulLayer,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [M, K]
-                                  .Arg<ffi::Buffer<ffi::U16>>()  // the stack's tiles [L, N / 16, K, 32]
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // layer []
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // out [M, N]
 );
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_bf16x3_matmul, Bf16x3Matmul,
@@ -453,7 +446,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_bf16x3_matmul_laid_out, Bf16x3MatmulLaidOut
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()  // x [M, K]
-                                  .Arg<ffi::Buffer<ffi::U16>>()  // w's tiles [N / 16, K, 32]
+                                  .Arg<ffi::Buffer<ffi::U16>>()  // tiles [(L,) N / 16, K, 32]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // layer [] (ignored for one weight)
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out [M, N]
 );
 

@@ -18,7 +18,7 @@ an :class:`AmxWeight` laid out with its transpose (a Trainer's frozen weights), 
 ``g @ w`` runs in the kernel too, as ``g @ (w.T).T``.
 
 A bfloat16 weight laid out (a bfloat16 Trainer's frozen weights) multiplies bfloat16 ``x`` in one
-pass (``maxjax_bf16_matmul_layer``): float32 sums rounded to bfloat16, the arithmetic of XLA's
+pass (``maxjax_bf16_matmul_laid_out``): float32 sums rounded to bfloat16, the arithmetic of XLA's
 bfloat16 dot with float32 accumulation, without packing the weight at every call.
 """
 
@@ -40,8 +40,7 @@ __all__ = ["AMX_FLAGS", "AmxWeight", "available", "unavailable_reason", "support
 AMX_FLAGS = frozenset({"amx_tile", "amx_bf16", "avx512_bf16", "avx512bw"})
 _TARGET = "maxjax_bf16x3_matmul"
 _TARGET_LAID_OUT = "maxjax_bf16x3_matmul_laid_out"
-_TARGET_LAYER = "maxjax_bf16x3_matmul_layer"
-_TARGET_BF16 = "maxjax_bf16_matmul_layer"
+_TARGET_BF16 = "maxjax_bf16_matmul_laid_out"
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,7 +61,7 @@ def unavailable_reason() -> str | None:
     err = lib.maxjax_amx_enable()
     if err:
         return f"Linux refused the AMX tile state (arch_prctl errno {err})"
-    for name in (_TARGET, _TARGET_LAID_OUT, _TARGET_LAYER, _TARGET_BF16):
+    for name in (_TARGET, _TARGET_LAID_OUT, _TARGET_BF16):
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
     for fn in (lib.maxjax_amx_lay_out, lib.maxjax_amx_lay_out_bf16):
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
@@ -306,15 +305,10 @@ def _laid_out_product(x: Any, tiles: Any, n: int, layer: Any = None) -> jax.Arra
     lead, k = x.shape[:-1], x.shape[-1]
     m = math.prod(lead)
     out_type = jax.ShapeDtypeStruct((m, n), jnp.float32)
-    flat = x.reshape(m, k)
-    if x.dtype == jnp.bfloat16:
-        index = jnp.asarray(0 if layer is None else layer, jnp.int32)
-        out = jax.ffi.ffi_call(_TARGET_BF16, out_type, vmap_method="sequential")(flat, tiles, index).astype(jnp.bfloat16)
-    elif layer is None:
-        out = jax.ffi.ffi_call(_TARGET_LAID_OUT, out_type, vmap_method="sequential")(flat, tiles)
-    else:
-        out = jax.ffi.ffi_call(_TARGET_LAYER, out_type, vmap_method="sequential")(flat, tiles, jnp.asarray(layer, jnp.int32))
-    return out.reshape(*lead, n)
+    index = jnp.asarray(0 if layer is None else layer, jnp.int32)  # ignored for one weight's tiles
+    target = _TARGET_BF16 if x.dtype == jnp.bfloat16 else _TARGET_LAID_OUT
+    out = jax.ffi.ffi_call(target, out_type, vmap_method="sequential")(x.reshape(m, k), tiles, index)
+    return out.astype(x.dtype).reshape(*lead, n)
 
 
 def _laid_out_matmul_t(x: Any, w: AmxWeight) -> jax.Array:
