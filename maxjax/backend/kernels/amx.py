@@ -74,18 +74,15 @@ def available() -> bool:
     return unavailable_reason() is None
 
 
-def _weight_fits(shape: Any, dtype: Any) -> bool:
-    """A float32 ``[N, K]`` weight with static N and K, positive multiples of 32."""
-    return (
-        dtype is not None and np.dtype(dtype) == np.float32 and len(shape) == 2
-        and all(isinstance(d, (int, np.integer)) and d > 0 and d % 32 == 0 for d in shape)
-    )  # fmt: skip
+def _shape_fits(shape: Any) -> bool:
+    """``[N, K]`` with static N and K, positive multiples of 32."""
+    return len(shape) == 2 and all(isinstance(d, (int, np.integer)) and d > 0 and d % 32 == 0 for d in shape)
 
 
 def supports(x: Any, w: Any) -> bool:
     """Whether the kernel takes ``x [..., K] @ w.T`` for ``w [N, K]``: both float32 with static
     shapes, K and N multiples of 32."""
-    if getattr(x, "dtype", None) != jnp.float32 or not _weight_fits(getattr(w, "shape", ()), getattr(w, "dtype", None)):
+    if getattr(x, "dtype", None) != jnp.float32 or getattr(w, "dtype", None) != jnp.float32 or not _shape_fits(getattr(w, "shape", ())):
         return False
     return all(isinstance(d, (int, np.integer)) for d in x.shape) and x.shape[-1] == w.shape[1]
 
@@ -251,7 +248,7 @@ def lays_out(shape: Any, dtype: Any) -> bool:
     ``[N, K]`` with N and K multiples of 32, on a CPU where the kernel runs."""
     if dtype is None or jnp.dtype(dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
         return False
-    return _weight_fits(tuple(shape), np.float32) and available()
+    return _shape_fits(tuple(shape)) and available()
 
 
 def _lay_out_into(host: np.ndarray, out: np.ndarray) -> None:
