@@ -20,8 +20,9 @@ The backend policy decides when it runs (``native_matmul_max_rows``, see
 (F, BW) or AVX2 with FMA and F16C, and a compiler that builds the file). Where it cannot, the
 policy's products run in XLA as before, after one warning that names the reason.
 
-Layouts (those of :mod:`maxjax.graph.quantization.arrays`): ``nibbles`` (Q4_0, Q4_1, Q4_K) and
-``unpacked`` (one byte per value, groups of 16 or 32 values, float32 scales and offsets).
+Layouts (those of :mod:`maxjax.graph.quantization`): ``nibbles`` (Q4_0, Q4_1, Q4_K),
+``unpacked`` (one byte per value, groups of 16 or 32 values, float32 scales and offsets) and
+``mapped`` (Q4_0 and Q8_0 blocks read in place from the mapped file, rows as stored).
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ SOURCE = Path(__file__).with_name("matvec.cc")
 SOURCES = (SOURCE, Path(__file__).with_name("layouts.cc"), Path(__file__).with_name("amx.cc"))
 #: headers the sources include (part of the cached library's key)
 HEADERS = (Path(__file__).with_name("parallel.h"),)
-_TARGETS = ("maxjax_nibbles_matmul", "maxjax_unpacked_matmul")
+_TARGETS = ("maxjax_nibbles_matmul", "maxjax_unpacked_matmul", "maxjax_mapped_matmul")
+_MAPPED_KIND = {"Q4_0": 0, "Q8_0": 2}  # matvec.cc's Kind
 _LOCK = threading.Lock()  # one build and registration per process, whichever thread traces first
 
 
@@ -189,11 +191,13 @@ def supports(w: Any, rows: int | None = None) -> bool:
     indexed by a layer): the ``nibbles`` layout, or ``unpacked`` with groups of a multiple of 16
     values; float32 activations with ``cols`` a multiple of 32 (16 for unpacked groups of 16)."""
     layout = getattr(w, "layout", None)
-    if layout not in ("nibbles", "unpacked") or getattr(w, "ndim", 0) not in (2, 3):
+    if layout not in ("nibbles", "unpacked", "mapped") or getattr(w, "ndim", 0) not in (2, 3):
         return False
     cols = w.shape[-1]
     if not isinstance(cols, (int, np.integer)) or cols % 16 or any(isinstance(a, jax.ShapeDtypeStruct) for a in jax.tree.leaves(w)):
         return False
+    if layout == "mapped":
+        return cols % 32 == 0 and w.encoding.value in _MAPPED_KIND
     if layout == "nibbles":
         return cols % 32 == 0 and np.dtype(w.scale.dtype) in (np.float16, np.float32)
     groups = w.scale.shape[-1]
@@ -234,6 +238,12 @@ def quantized_matmul(x: Any, w: Any, layer: Any = None) -> jax.Array:
 
 
 def _forward(x: Any, w: Any, layer: Any) -> jax.Array:
+    if w.layout == "mapped":  # the file's blocks, in place
+        lead, cols, rows = x.shape[:-1], x.shape[-1], w.shape[-2]
+        flat = x.reshape(math.prod(lead), cols)
+        call = jax.ffi.ffi_call("maxjax_mapped_matmul", jax.ShapeDtypeStruct((flat.shape[0], rows), jnp.float32), vmap_method="sequential")
+        out = call(flat, w.file, w.offsets.reshape(-1), _layer(layer), kind=np.int64(_MAPPED_KIND[w.encoding.value]))
+        return out.reshape(*lead, rows)
     target = "maxjax_nibbles_matmul" if w.layout == "nibbles" else "maxjax_unpacked_matmul"
     lead, cols, rows = x.shape[:-1], x.shape[-1], w.shape[-2]
     flat = x.reshape(math.prod(lead), cols)
@@ -256,6 +266,8 @@ def _product_bwd(res: Any, g: Any) -> tuple[Any, None, None]:
     w, layer = res  # the cotangent of x: g @ W, W [rows, cols] dequantized by its layout's class
     if layer is not None:
         w = w.layer(layer)
+    if w.layout == "mapped":  # the kernel's rows are the stored ones (the caller reorders its output)
+        return g @ w.packed().dequantize(), None, None
     return g @ w.dequantize(), None, None
 
 

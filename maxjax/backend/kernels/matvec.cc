@@ -14,6 +14,12 @@
 //             W = scale * q + offset, or scale * (q - 8) without an offset (Q4_0).
 //   unpacked: values int8 or uint8 [..., rows, cols]; scale (and offset) float32
 //             [..., rows, cols/group], group 16 or 32. W = scale * q (+ offset).
+//   mapped:   the file's own GGUF blocks, read where they lie in the mapped file: `file` uint8
+//             [units, 32] (the whole file, adopted by JAX without a copy), the weight's rows
+//             row-major at byte 32 * offsets[layer]. Q4_0 blocks (18 bytes: float16 d, 16 bytes
+//             of nibbles, value j low, j + 16 high): W = d * (q - 8); Q8_0 (34 bytes: float16 d,
+//             32 int8): W = d * q. Each lane sums in the column order of the layouts above, so a
+//             weight's mapped, nibbles and unpacked products are bit-identical.
 // A leading layer axis is indexed by the `layer` operand (int32 scalar), so that a scan over
 // stacked weights reads each layer in place instead of copying its slice first.
 //
@@ -54,6 +60,13 @@ inline void nibbles16(const uint8_t* p, V& lo, V& hi) {
   lo = {_mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)))};
   hi = {_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4))};
 }
+// the same, each less 8 (Q4_0's values, -8..7)
+inline void nibbles16_centered(const uint8_t* p, V& lo, V& hi) {
+  __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i eight = _mm512_set1_epi32(8);
+  lo = {_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(b, _mm512_set1_epi32(15)), eight))};
+  hi = {_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(b, 4), eight))};
+}
 inline V bytes16(const uint8_t* p) {
   return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
 }
@@ -82,6 +95,13 @@ inline void nibbles16(const uint8_t* p, V& lo, V& hi) {
   __m256i m = _mm256_set1_epi32(15);
   lo = {_mm256_cvtepi32_ps(_mm256_and_si256(b0, m)), _mm256_cvtepi32_ps(_mm256_and_si256(b1, m))};
   hi = {_mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4))};
+}
+inline void nibbles16_centered(const uint8_t* p, V& lo, V& hi) {
+  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  __m256i b0 = _mm256_cvtepu8_epi32(raw), b1 = _mm256_cvtepu8_epi32(_mm_srli_si128(raw, 8));
+  const __m256i m = _mm256_set1_epi32(15), e = _mm256_set1_epi32(8);
+  lo = {_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b0, m), e)), _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b1, m), e))};
+  hi = {_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b0, 4), e)), _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b1, 4), e))};
 }
 inline V bytes16(const uint8_t* p) {
   __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -321,6 +341,125 @@ ffi::Error UnpackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::An
   return ffi::Error::Success();
 }
 
+// ---- GGUF blocks read in place ------------------------------------------------------------------
+enum class Kind : int64_t { kQ4_0 = 0, kQ8_0 = 2 };  // layouts.cc's numbering
+
+// d[i] = the float16 at p + i * stride, i < n, widened (each block's scale leads the block).
+inline void gather_half(const uint8_t* p, int64_t stride, int64_t n, float* d) {
+  int64_t i = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(int(stride)));
+  for (; i + 16 <= n; i += 16) {  // 4 bytes read at each block: its d and the first 2 bytes after it
+    const __m512i g = _mm512_i32gather_epi32(idx, p + i * stride, 1);
+    _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
+  }
+#endif
+  for (; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, p + i * stride, 2);
+    d[i] = _cvtsh_ss(h);
+  }
+}
+
+// Rows [r, r + R) of a mapped weight (`rows` row-major, `bpr` bytes each, at `w`) times
+// activation rows [m0, m0 + MB): R sums in flight per activation row.
+template <Kind K, int MB, int R>
+void mapped_pass(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, int64_t cols, int64_t m0, int64_t r, float* out) {
+  constexpr int64_t kBlock = K == Kind::kQ4_0 ? 18 : 34;
+  constexpr int64_t kScales = 16;  // blocks whose scales are gathered at once
+  const int64_t nb = cols / 32;
+  // The scales of the next 16 blocks are gathered and widened together, from lines the prefetch
+  // has already asked for (one float16 widened and broadcast per block keeps the shuffle port
+  // busier than the arithmetic; a pass over the row's scales first waits on memory instead).
+  alignas(64) float d[R][kScales];
+  const uint8_t* p[R];
+  for (int i = 0; i < R; ++i) p[i] = w + (r + i) * bpr;
+  V acc[R][MB];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < MB; ++j) acc[i][j] = vzero();
+  for (int64_t s = 0; s < nb; s += kScales) {
+    const int64_t n = std::min(kScales, nb - s);
+    for (int i = 0; i < R; ++i) {
+      gather_half(p[i] + s * kBlock, kBlock, n, d[i]);
+    }
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t b = s + k;
+      V w0[R], w1[R];
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* blk = p[i] + b * kBlock;
+        if ((b & 1) == 0) prefetch(blk);
+        if (K == Kind::kQ4_0) {
+          V lo, hi;
+          nibbles16_centered(blk + 2, lo, hi);
+          const V vd = vbcast(d[i][k]);
+          w0[i] = vmul(lo, vd), w1[i] = vmul(hi, vd);
+        } else {
+          const V vd = vbcast(d[i][k]);
+          w0[i] = vmul(bytes16(reinterpret_cast<const int8_t*>(blk + 2)), vd);
+          w1[i] = vmul(bytes16(reinterpret_cast<const int8_t*>(blk + 18)), vd);
+        }
+      }
+      for (int j = 0; j < MB; ++j) {
+        const float* xm = x + (m0 + j) * cols + 32 * b;
+        const V xa = vload(xm), xb = vload(xm + 16);
+        for (int i = 0; i < R; ++i) acc[i][j] = vfma(w1[i], xb, vfma(w0[i], xa, acc[i][j]));
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < MB; ++j) out[(m0 + j) * rows + r + i] = vsum(acc[i][j]);
+}
+
+// Rows [r0, r1) of a mapped weight times activation rows [m0, m0 + MB): two rows a pass (two
+// sums in flight; four, or one row with two sums, were slower: 2-core AVX-512 Xeon, a Q4_0
+// [48, 8192, 2048] stack at one activation row), the last one alone. Each 16 values are
+// dequantized once, exactly (d * (q - 8), d * q).
+template <Kind K, int MB>
+void mapped_rows(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, int64_t cols, int64_t m0, int64_t r0, int64_t r1,
+                 float* out) {
+  int64_t r = r0;
+  for (; r + 2 <= r1; r += 2) mapped_pass<K, MB, 2>(w, bpr, x, rows, cols, m0, r, out);
+  for (; r < r1; ++r) mapped_pass<K, MB, 1>(w, bpr, x, rows, cols, m0, r, out);
+}
+
+template <Kind K>
+void run_mapped(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const uint8_t* w, int64_t rows, int64_t cols, float* out) {
+  const int64_t bpr = cols / 32 * (K == Kind::kQ4_0 ? 18 : 34);
+  // tasks of whole pairs of rows
+  parallel_for(pool, (rows + 1) / 2, rows * cols * m_rows, [&](int64_t p0, int64_t p1) {
+    const int64_t r0 = 2 * p0, r1 = std::min(rows, 2 * p1);
+    over_rows(m_rows, [&](int64_t m, auto mb) { mapped_rows<K, decltype(mb)::value>(w, bpr, x, rows, cols, m, r0, r1, out); });
+  });
+}
+
+ffi::Error MappedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> file, ffi::Buffer<ffi::S32> offsets,
+                        ffi::AnyBuffer layer, ffi::ResultBuffer<ffi::F32> out, int64_t kind) {
+  const int64_t cols = x.dimensions().back(), m_rows = x.element_count() / cols;
+  const int64_t rows = out->dimensions().back();
+  if (kind != int64_t(Kind::kQ4_0) && kind != int64_t(Kind::kQ8_0))
+    return ffi::Error::InvalidArgument("mapped matmul: the blocks must be Q4_0 or Q8_0");
+  if (auto e = check_dims("mapped matmul", cols, rows, rows, 32); e.failure()) return e;
+  if (int64_t(out->element_count()) != m_rows * rows) return ffi::Error::InvalidArgument("mapped matmul: the output's shape");
+  const int64_t layers = std::max<int64_t>(1, offsets.element_count());
+  int64_t l = 0;
+  if (layer.element_count() != 0) {
+    l = *reinterpret_cast<const int32_t*>(layer.untyped_data());
+    l = std::min<int64_t>(std::max<int64_t>(l, 0), layers - 1);  // clamped, as XLA's dynamic-slice clamps
+  }
+  if (offsets.element_count() == 0) return ffi::Error::InvalidArgument("mapped matmul: no offset");
+  const int64_t bpr = cols / 32 * (kind == int64_t(Kind::kQ4_0) ? 18 : 34);
+  const int64_t start = int64_t(offsets.typed_data()[l]) * 32;
+  const int64_t size = int64_t(file.element_count());
+  if (start < 0 || start + rows * bpr > size)  // nothing is read past the file
+    return ffi::Error::InvalidArgument("mapped matmul: the weight's bytes are outside the file");
+  const uint8_t* w = file.typed_data() + start;
+  if (kind == int64_t(Kind::kQ4_0))
+    run_mapped<Kind::kQ4_0>(pool, x.typed_data(), m_rows, w, rows, cols, out->typed_data());
+  else
+    run_mapped<Kind::kQ8_0>(pool, x.typed_data(), m_rows, w, rows, cols, out->typed_data());
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_nibbles_matmul, NibblesMatmul,
@@ -343,4 +482,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_unpacked_matmul, UnpackedMatmul,
                                   .Arg<ffi::AnyBuffer>()         // offset, like scale, or empty
                                   .Arg<ffi::AnyBuffer>()         // layer: int32 [] (or empty)
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out [..., rows]
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_mapped_matmul, MappedMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [..., cols]
+                                  .Arg<ffi::Buffer<ffi::U8>>()   // file [units, 32]: the mapped file
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // offsets [layers?]: each layer's first byte / 32
+                                  .Arg<ffi::AnyBuffer>()         // layer: int32 [] (or empty: no layer axis)
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // out [..., rows]
+                                  .Attr<int64_t>("kind")         // 0 Q4_0, 2 Q8_0
 );

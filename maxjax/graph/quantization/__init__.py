@@ -8,6 +8,8 @@
   JAX pytree (logical shape and dtype, encoding, layout; ``dequantize``/``matmul``/``take``), with
   one class per memory layout: :class:`PackedArray`, :class:`UnpackedArray`, :class:`NibbleArray`,
   :class:`DequantizedArray`, :class:`Int8Array` (requantized per channel for int8 dots).
+- :mod:`~maxjax.graph.quantization.mapped`: :class:`MappedArray`, GGUF blocks read in place from
+  the mapped file (the ``mapped`` layout).
 """
 
 from maxjax.graph.quantization.arrays import (
@@ -26,6 +28,7 @@ from maxjax.graph.quantization.arrays import (
     to_layout,
 )
 from maxjax.graph.quantization.blocks import dequantize
+from maxjax.graph.quantization.mapped import MAPPED_ENCODINGS, MappedArray
 from maxjax.graph.quantization.gptq import dequantize_gptq, gptq_matmul, perm_idx_from_g_idx
 from maxjax.graph.quantization.encoding import (
     GGUF_ENCODINGS,
@@ -41,6 +44,8 @@ __all__ = [
     "GGUF_ENCODINGS",
     "Int8Array",
     "LAYOUTS",
+    "MAPPED_ENCODINGS",
+    "MappedArray",
     "NIBBLE_ENCODINGS",
     "NibbleArray",
     "PackedArray",
