@@ -23,7 +23,7 @@ from maxjax.graph.sharding import DeviceLayout
 from maxjax.graph.weights._host import aligned_empty
 from maxjax.graph.weights.lazy import host_indexable
 
-__all__ = ["host_layout", "host_stack", "place_layers", "place_sharded", "placement_report", "read_block"]
+__all__ = ["host_layout", "host_stack", "mapped_layout", "place_layers", "place_sharded", "placement_report", "read_block"]
 
 
 def _stored(value: Any) -> Any:
@@ -105,6 +105,10 @@ def place_layers(values: Sequence[Any], target: Any, *, stacked: bool, transform
     Returns:
         A ``jax.Array``, or a :class:`~maxjax.graph.quantization.QuantizedArray`.
     """
+    if quantized_layout == "mapped" and encoding is not None and transform is None:
+        mapped = mapped_layout(values, encoding, target, stacked=stacked)
+        if mapped is not None:
+            return mapped
     if host_conversion and encoding is not None and transform is None:
         converted = host_layout(values, encoding, quantized_layout, stacked=stacked)
         if converted is not None:
@@ -130,6 +134,53 @@ def place_layers(values: Sequence[Any], target: Any, *, stacked: bool, transform
     # asynchronous dispatch every weight's stored stack would otherwise wait, alive, beside its
     # converted one (Llama-3.2-1B Q4_0: 300 MB more at the peak of the load).
     return jax.block_until_ready(to_layout(quantized_layout, encoding, device))
+
+
+def mapped_layout(values: Sequence[Any], encoding: Any, target: Any, *, stacked: bool) -> Any:
+    """A GGUF-quantized weight (or, ``stacked``, its layers) as a
+    :class:`~maxjax.graph.quantization.MappedArray` over its mapped file: nothing is copied or
+    read (the file is adopted whole as one device array, :meth:`~maxjax.graph.weights._host.MappedFile.units`, shared
+    by every weight of the file).
+
+    Returns:
+        The MappedArray, or None where the weight cannot be read in place (the caller copies it
+        into the ``mapped`` layout, :meth:`MappedArray.from_packed`): its layers are not all
+        tensors of one mapped file, a layer does not start on a 32-byte boundary, the layers'
+        row orders differ, or the file cannot be adopted on ``target`` (another platform).
+    """
+    from maxjax.graph.quantization import MappedArray, as_encoding, layout_for
+    from maxjax.graph.quantization.mapped import UNIT
+    from maxjax.graph.weights.lazy import LazyTensor
+
+    enc = as_encoding(encoding)
+    stored = [_stored(v) for v in values]
+    if layout_for("mapped", enc, enc.logical_shape(stored[0].shape)) != "mapped":
+        return None  # an encoding the kernel does not read in place: the caller converts it
+    if not all(isinstance(s, LazyTensor) and s.stored_dtype == np.uint8 and s.dtype == np.uint8 and s.ndim == 2 for s in stored):
+        return None
+    mapped = stored[0].mapped
+    if mapped.size // UNIT >= 2**31:  # offsets are int32 units
+        return None
+    if any(s.mapped is not mapped or s.offset % UNIT or s.shape != stored[0].shape for s in stored):
+        return None
+    order = stored[0].rows
+    if any((s.rows is None) != (order is None) or (order is not None and not np.array_equal(s.rows, order)) for s in stored):
+        return None
+    rows, row_bytes = stored[0]._stored_shape
+    if order is not None and len(order) != rows:
+        return None
+    if any(s.offset + rows * row_bytes > mapped.size // UNIT * UNIT for s in stored):
+        return None  # past the last whole unit of the file
+    device = target if isinstance(target, jax.Device) else None
+    file = mapped.units(device, UNIT)
+    if file is None:
+        return None
+    offsets = np.array([s.offset // UNIT for s in stored], np.int32)
+    put = (lambda a: jax.device_put(a, file.sharding))  # beside the file, on its device
+    return MappedArray(
+        enc, file, put(offsets if stacked else offsets[0]), rows, enc.logical_shape((row_bytes,))[0],
+        None if order is None else put(order.astype(np.int32)),
+    )
 
 
 def host_layout(values: Sequence[Any], encoding: Any, layout: str | None, *, stacked: bool) -> Any:

@@ -60,13 +60,6 @@ inline void nibbles16(const uint8_t* p, V& lo, V& hi) {
   lo = {_mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)))};
   hi = {_mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4))};
 }
-// the same, each less 8 (Q4_0's values, -8..7)
-inline void nibbles16_centered(const uint8_t* p, V& lo, V& hi) {
-  __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m512i eight = _mm512_set1_epi32(8);
-  lo = {_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(b, _mm512_set1_epi32(15)), eight))};
-  hi = {_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(b, 4), eight))};
-}
 inline V bytes16(const uint8_t* p) {
   return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
 }
@@ -95,13 +88,6 @@ inline void nibbles16(const uint8_t* p, V& lo, V& hi) {
   __m256i m = _mm256_set1_epi32(15);
   lo = {_mm256_cvtepi32_ps(_mm256_and_si256(b0, m)), _mm256_cvtepi32_ps(_mm256_and_si256(b1, m))};
   hi = {_mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4))};
-}
-inline void nibbles16_centered(const uint8_t* p, V& lo, V& hi) {
-  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  __m256i b0 = _mm256_cvtepu8_epi32(raw), b1 = _mm256_cvtepu8_epi32(_mm_srli_si128(raw, 8));
-  const __m256i m = _mm256_set1_epi32(15), e = _mm256_set1_epi32(8);
-  lo = {_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b0, m), e)), _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b1, m), e))};
-  hi = {_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b0, 4), e)), _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b1, 4), e))};
 }
 inline V bytes16(const uint8_t* p) {
   __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -371,7 +357,7 @@ void mapped_pass(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, in
   // The scales of the next 16 blocks are gathered and widened together, from lines the prefetch
   // has already asked for (one float16 widened and broadcast per block keeps the shuffle port
   // busier than the arithmetic; a pass over the row's scales first waits on memory instead).
-  alignas(64) float d[R][kScales];
+  alignas(64) float d[R][kScales], c[R][kScales];
   const uint8_t* p[R];
   for (int i = 0; i < R; ++i) p[i] = w + (r + i) * bpr;
   V acc[R][MB];
@@ -381,6 +367,7 @@ void mapped_pass(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, in
     const int64_t n = std::min(kScales, nb - s);
     for (int i = 0; i < R; ++i) {
       gather_half(p[i] + s * kBlock, kBlock, n, d[i]);
+      for (int64_t k = 0; k < n; ++k) c[i][k] = -8.f * d[i][k];
     }
     for (int64_t k = 0; k < n; ++k) {
       const int64_t b = s + k;
@@ -390,9 +377,9 @@ void mapped_pass(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, in
         if ((b & 1) == 0) prefetch(blk);
         if (K == Kind::kQ4_0) {
           V lo, hi;
-          nibbles16_centered(blk + 2, lo, hi);
-          const V vd = vbcast(d[i][k]);
-          w0[i] = vmul(lo, vd), w1[i] = vmul(hi, vd);
+          nibbles16(blk + 2, lo, hi);
+          const V vd = vbcast(d[i][k]), vc = vbcast(c[i][k]);  // d * (q - 8), exact, in one FMA
+          w0[i] = vfma(lo, vd, vc), w1[i] = vfma(hi, vd, vc);
         } else {
           const V vd = vbcast(d[i][k]);
           w0[i] = vmul(bytes16(reinterpret_cast<const int8_t*>(blk + 2)), vd);
@@ -413,7 +400,7 @@ void mapped_pass(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, in
 // Rows [r0, r1) of a mapped weight times activation rows [m0, m0 + MB): two rows a pass (two
 // sums in flight; four, or one row with two sums, were slower: 2-core AVX-512 Xeon, a Q4_0
 // [48, 8192, 2048] stack at one activation row), the last one alone. Each 16 values are
-// dequantized once, exactly (d * (q - 8), d * q).
+// dequantized once, exactly (d * (q - 8) as fma(q, d, -8 d); d * q).
 template <Kind K, int MB>
 void mapped_rows(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, int64_t cols, int64_t m0, int64_t r0, int64_t r1,
                  float* out) {

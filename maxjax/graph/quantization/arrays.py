@@ -19,6 +19,7 @@ layout             leaves                                                       
 ``nibbles``        4-bit values, rows paired in a byte ``[..., rows/2, cols]`` + scales   0.5625-0.75
 ``dequantized``    the float matrix ``[..., rows, cols]``                                 4 (float32)
 ``int8``           int8 per output channel ``[..., rows, cols]`` + float32 ``[..., rows]``  ~1 (requantized)
+``mapped``         the file's GGUF blocks where they lie in the mapped file (no copy)     the file's
 =================  =====================================================================  =================
 
 ``int8`` alone is not bit-identical: it requantizes the weight per output channel (see
@@ -655,7 +656,7 @@ LAYOUTS: dict[str, type[QuantizedArray]] = {
 def layout_for(layout: str, encoding: Any, shape: Sequence[int]) -> str:
     """The layout a weight of ``encoding`` and logical ``shape`` takes when ``layout`` is asked
     for: ``layout``, or ``"unpacked"`` where the weight cannot take it (nibbles of an encoding that
-    is not 4-bit, or of an odd number of rows).
+    is not 4-bit, or of an odd number of rows; mapped of one other than Q4_0 and Q8_0).
 
     Raises:
         ValueError: an unknown layout name.

@@ -196,7 +196,8 @@ class MappedArray(QuantizedArray):
     # -- construction --------------------------------------------------------------------------------
     @classmethod
     def supports(cls, encoding: QuantizationEncoding, shape: Sequence[int]) -> bool:
-        return encoding.is_gguf and len(shape) >= 2
+        """Q4_0 and Q8_0 matrices (what the kernel reads in place; others take ``unpacked``)."""
+        return encoding in MAPPED_ENCODINGS and len(shape) >= 2 and shape[-1] % 32 == 0
 
     @classmethod
     def from_packed(cls, encoding: Any, packed: Any) -> "MappedArray":

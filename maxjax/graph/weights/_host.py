@@ -43,13 +43,36 @@ class MappedFile:
         mm: the ``mmap.mmap`` behind ``array`` (for releasing pages), or None.
     """
 
-    __slots__ = ("path", "array", "_mm", "_closed")
+    __slots__ = ("path", "array", "_mm", "_closed", "_units")
 
     def __init__(self, path: str, array: np.ndarray, mm: mmap.mmap | None = None):
         self.path = path
         self.array = array
         self._mm = mm
         self._closed = False
+        self._units: dict[Any, Any] = {}
+
+    def units(self, device: Any = None, unit: int = 32) -> Any:
+        """The whole file as a read-only uint8 ``jax.Array`` ``[size // unit, unit]`` on ``device``
+        (a CPU device; None: the default one) that *is* the map: adopted without a copy, made
+        once per device (the ``mapped`` quantized layout reads weights out of it in place).
+
+        Returns None where that cannot be: another platform (its memory is not the host's), a
+        map that does not start on a 64-byte boundary, a closed or empty map, or a device that
+        copied instead of adopting (checked by address), so a caller never holds a second copy
+        of a whole file.
+        """
+        if self._closed or self._mm is None or self.size < unit:
+            return None
+        device = device if device is not None else jax.devices()[0]
+        if getattr(device, "platform", None) != "cpu" or self.array.ctypes.data % _ALIGN:
+            return None
+        key = (device, unit)
+        if key not in self._units:
+            host = self.array[: self.size // unit * unit].reshape(-1, unit)
+            out = jax.device_put(host, device)
+            self._units[key] = out if out.unsafe_buffer_pointer() == host.ctypes.data else None
+        return self._units[key]
 
     @classmethod
     def open(cls, path: str) -> "MappedFile":
@@ -122,6 +145,7 @@ class MappedFile:
         """Unmaps the file, unless arrays still use the map (it then goes when they do)."""
         mm, self._mm = self._mm, None
         self._closed = True
+        self._units = {}
         self.array = np.zeros(0, np.uint8)
         if mm is not None:
             try:
