@@ -47,7 +47,7 @@ import numpy as np
 
 from maxjax.backend.cpu import cpu_features, native_isa
 
-__all__ = ["available", "unavailable_reason", "supports", "quantized_matmul", "library", "library_path", "SOURCE", "SOURCES"]
+__all__ = ["available", "unavailable_reason", "supports", "quantized_matmul", "mapped_rows", "library", "library_path", "SOURCE", "SOURCES"]
 
 #: the kernels' C++ source
 SOURCE = Path(__file__).with_name("matvec.cc")
@@ -56,7 +56,7 @@ SOURCE = Path(__file__).with_name("matvec.cc")
 SOURCES = (SOURCE, Path(__file__).with_name("layouts.cc"), Path(__file__).with_name("amx.cc"))
 #: headers the sources include (part of the cached library's key)
 HEADERS = (Path(__file__).with_name("parallel.h"),)
-_TARGETS = ("maxjax_nibbles_matmul", "maxjax_unpacked_matmul", "maxjax_mapped_matmul")
+_TARGETS = ("maxjax_nibbles_matmul", "maxjax_unpacked_matmul", "maxjax_mapped_matmul", "maxjax_mapped_dequantize")
 _MAPPED_KIND = {"Q4_0": 0, "Q8_0": 2}  # matvec.cc's Kind
 _LOCK = threading.Lock()  # one build and registration per process, whichever thread traces first
 
@@ -251,6 +251,27 @@ def _forward(x: Any, w: Any, layer: Any) -> jax.Array:
         flat, w.values, w.scale, _empty() if w.offset is None else w.offset, _layer(layer)
     )
     return out.reshape(*lead, rows)
+
+
+def mapped_rows(w: Any, start: Any, count: int, layer: Any = None) -> jax.Array:
+    """Stored rows ``[start, start + count)`` (``start`` an int32 scalar) of a ``mapped`` weight
+    :func:`supports` takes (layer ``layer`` of a stack), dequantized: float32 ``[count, cols]``,
+    the values its products use (rows as stored, no ``order``). For a prompt's product, which
+    dequantizes a block of rows at a time for XLA's GEMM.
+
+    Raises:
+        ValueError: not such a weight, or a layer index for a 2-D weight or none for a stack.
+        RuntimeError: the kernels cannot run here.
+    """
+    reason = _load()
+    if reason is not None:
+        raise RuntimeError(f"maxjax's CPU matmul kernels cannot run here: {reason}")
+    if getattr(w, "layout", None) != "mapped" or not supports(w):
+        raise ValueError(f"mapped_rows: maxjax's CPU kernels do not read {w!r} in place")
+    if (w.ndim == 3) != (layer is not None):
+        raise ValueError(f"mapped_rows: {w!r} needs {'a layer index' if w.ndim == 3 else 'no layer index'}")
+    call = jax.ffi.ffi_call("maxjax_mapped_dequantize", jax.ShapeDtypeStruct((count, w.shape[-1]), jnp.float32))
+    return call(w.file, w.offsets.reshape(-1), _layer(layer), jnp.asarray(start, jnp.int32).reshape(()), kind=np.int64(_MAPPED_KIND[w.encoding.value]))
 
 
 @jax.custom_vjp

@@ -50,6 +50,7 @@ struct V {
 };
 inline V vzero() { return {_mm512_setzero_ps()}; }
 inline V vload(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void vstore(float* p, V a) { _mm512_storeu_ps(p, a.v); }
 inline V vbcast(float s) { return {_mm512_set1_ps(s)}; }
 inline V vmul(V a, V b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline V vfma(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
@@ -72,6 +73,7 @@ struct V {
 };
 inline V vzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 inline V vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void vstore(float* p, V a) { _mm256_storeu_ps(p, a.a), _mm256_storeu_ps(p + 8, a.b); }
 inline V vbcast(float s) { return {_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
 inline V vmul(V x, V y) { return {_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; }
 inline V vfma(V x, V y, V z) { return {_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)}; }
@@ -358,6 +360,9 @@ void mapped_pass(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, in
   // has already asked for (one float16 widened and broadcast per block keeps the shuffle port
   // busier than the arithmetic; a pass over the row's scales first waits on memory instead).
   alignas(64) float d[R][kScales], c[R][kScales];
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  const __m512 kCentered = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+#endif
   const uint8_t* p[R];
   for (int i = 0; i < R; ++i) p[i] = w + (r + i) * bpr;
   V acc[R][MB];
@@ -367,7 +372,9 @@ void mapped_pass(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, in
     const int64_t n = std::min(kScales, nb - s);
     for (int i = 0; i < R; ++i) {
       gather_half(p[i] + s * kBlock, kBlock, n, d[i]);
+#if !(defined(__AVX512F__) && defined(__AVX512BW__))
       for (int64_t k = 0; k < n; ++k) c[i][k] = -8.f * d[i][k];
+#endif
     }
     for (int64_t k = 0; k < n; ++k) {
       const int64_t b = s + k;
@@ -376,10 +383,19 @@ void mapped_pass(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, in
         const uint8_t* blk = p[i] + b * kBlock;
         if ((b & 1) == 0) prefetch(blk);
         if (K == Kind::kQ4_0) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+          // the block's 16 values d * (q - 8) (exact) as a table, looked up by each nibble: one
+          // permute per 16 values in place of a convert and an FMA
+          const __m512 table = _mm512_mul_ps(kCentered, _mm512_set1_ps(d[i][k]));
+          const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+          w0[i] = {_mm512_permutexvar_ps(q, table)};  // the permute reads an index's low 4 bits
+          w1[i] = {_mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table)};
+#else
           V lo, hi;
           nibbles16(blk + 2, lo, hi);
           const V vd = vbcast(d[i][k]), vc = vbcast(c[i][k]);  // d * (q - 8), exact, in one FMA
           w0[i] = vfma(lo, vd, vc), w1[i] = vfma(hi, vd, vc);
+#endif
         } else {
           const V vd = vbcast(d[i][k]);
           w0[i] = vmul(bytes16(reinterpret_cast<const int8_t*>(blk + 2)), vd);
@@ -447,6 +463,67 @@ ffi::Error MappedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
   return ffi::Error::Success();
 }
 
+
+// Rows [start, start + count) of a mapped weight's layer as float32 [count, cols] (a prompt's
+// product dequantizes the weight a block of rows at a time for XLA's GEMM): the same values as
+// the product's, written 16 at a time.
+template <Kind K>
+void dequantize_rows(ffi::ThreadPool& pool, const uint8_t* w, int64_t bpr, int64_t count, int64_t cols, float* out) {
+  constexpr int64_t kBlock = K == Kind::kQ4_0 ? 18 : 34;
+  const int64_t nb = cols / 32;
+  parallel_for(pool, count, count * cols, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* p = w + r * bpr;
+      float* o = out + r * cols;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = p + b * kBlock;
+        uint16_t h;
+        std::memcpy(&h, blk, 2);
+        const float d = _cvtsh_ss(h);
+        V w0, w1;
+        if (K == Kind::kQ4_0) {
+          V lo, hi;
+          nibbles16(blk + 2, lo, hi);
+          const V vd = vbcast(d), vc = vbcast(-8.f * d);
+          w0 = vfma(lo, vd, vc), w1 = vfma(hi, vd, vc);
+        } else {
+          const V vd = vbcast(d);
+          w0 = vmul(bytes16(reinterpret_cast<const int8_t*>(blk + 2)), vd);
+          w1 = vmul(bytes16(reinterpret_cast<const int8_t*>(blk + 18)), vd);
+        }
+        vstore(o + 32 * b, w0);
+        vstore(o + 32 * b + 16, w1);
+      }
+    }
+  });
+}
+
+ffi::Error MappedDequantize(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> file, ffi::Buffer<ffi::S32> offsets, ffi::AnyBuffer layer,
+                            ffi::Buffer<ffi::S32> start, ffi::ResultBuffer<ffi::F32> out, int64_t kind) {
+  const auto od = out->dimensions();
+  if (od.size() != 2) return ffi::Error::InvalidArgument("mapped dequantize: the output must be [rows, cols]");
+  const int64_t count = od[0], cols = od[1];
+  if (kind != int64_t(Kind::kQ4_0) && kind != int64_t(Kind::kQ8_0))
+    return ffi::Error::InvalidArgument("mapped dequantize: the blocks must be Q4_0 or Q8_0");
+  if (cols <= 0 || cols % 32) return ffi::Error::InvalidArgument("mapped dequantize: columns must be whole 32-value blocks");
+  if (offsets.element_count() == 0 || start.element_count() != 1) return ffi::Error::InvalidArgument("mapped dequantize: no offset or start");
+  const int64_t layers = offsets.element_count();
+  int64_t l = 0;
+  if (layer.element_count() != 0) {
+    l = *reinterpret_cast<const int32_t*>(layer.untyped_data());
+    l = std::min<int64_t>(std::max<int64_t>(l, 0), layers - 1);
+  }
+  const int64_t bpr = cols / 32 * (kind == int64_t(Kind::kQ4_0) ? 18 : 34);
+  const int64_t first = int64_t(offsets.typed_data()[l]) * 32 + int64_t(start.typed_data()[0]) * bpr;
+  if (start.typed_data()[0] < 0 || first < 0 || first + count * bpr > int64_t(file.element_count()))
+    return ffi::Error::InvalidArgument("mapped dequantize: the rows' bytes are outside the file");
+  if (kind == int64_t(Kind::kQ4_0))
+    dequantize_rows<Kind::kQ4_0>(pool, file.typed_data() + first, bpr, count, cols, out->typed_data());
+  else
+    dequantize_rows<Kind::kQ8_0>(pool, file.typed_data() + first, bpr, count, cols, out->typed_data());
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_nibbles_matmul, NibblesMatmul,
@@ -479,5 +556,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_mapped_matmul, MappedMatmul,
                                   .Arg<ffi::Buffer<ffi::S32>>()  // offsets [layers?]: each layer's first byte / 32
                                   .Arg<ffi::AnyBuffer>()         // layer: int32 [] (or empty: no layer axis)
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out [..., rows]
+                                  .Attr<int64_t>("kind")         // 0 Q4_0, 2 Q8_0
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_mapped_dequantize, MappedDequantize,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()   // file [units, 32]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // offsets [layers?]
+                                  .Arg<ffi::AnyBuffer>()         // layer: int32 [] (or empty)
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // start: int32 [], the first row
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // out [rows, cols]
                                   .Attr<int64_t>("kind")         // 0 Q4_0, 2 Q8_0
 );

@@ -18,9 +18,10 @@ Leaves:
   output (``y[..., i] = y_stored[..., order[i]]``) so that the file's rows are read as stored.
 
 Products: maxjax's CPU kernel reads Q4_0 and Q8_0 blocks in place (``maxjax_mapped_matmul`` in
-``maxjax/backend/kernels/matvec.cc``; bit-identical to the ``nibbles`` and ``unpacked`` kernels);
-otherwise, and for other encodings, the weight's bytes are sliced out of the file and dequantized
-as :class:`~maxjax.graph.quantization.arrays.PackedArray` does. Bytes per value: the file's own
+``maxjax/backend/kernels/matvec.cc``; bit-identical to the ``nibbles`` and ``unpacked`` kernels),
+and dequantizes a prompt's weight a block of rows at a time for XLA's GEMM
+(``maxjax_mapped_dequantize``); where the kernels do not run, the weight's bytes are sliced out of
+the file and dequantized as :class:`~maxjax.graph.quantization.arrays.PackedArray` does. Bytes per value: the file's own
 (Q4_0 0.5625, Q8_0 1.0625).
 
 The file must not be modified or truncated while such arrays live: the OS then kills the process
@@ -168,30 +169,42 @@ class MappedArray(QuantizedArray):
         return MappedArray.tree_unflatten((self.encoding, self.rows, self.cols), (self.file, offset, self.order))
 
     def matmul(self, x: Any, policy: Any = None) -> jax.Array:
-        """``x @ W.T`` (see :meth:`QuantizedArray.matmul`): in maxjax's CPU kernel, reading the blocks
-        in place, where the policy runs a few rows there; else as the stored blocks' ``PackedArray``
-        does (a copy of the weight's bytes, dequantized in blocks of rows as the policy says)."""
-        from maxjax.backend import kernels, policy_for
-
-        policy = policy_for(policy)
+        """``x @ W.T`` (see :meth:`QuantizedArray.matmul`). Where maxjax's CPU kernel reads this
+        weight (the policy's ``native_matmul``): a few rows multiply in it, reading the blocks in
+        place, and more rows (a prompt) multiply in XLA's GEMM against the weight dequantized by
+        the kernel, a block of rows at a time (``BackendPolicy.row_chunks``). Elsewhere, as the
+        stored blocks' :class:`PackedArray` (a copy of the weight's bytes, dequantized by XLA)."""
         if self.offsets.ndim:
             raise ValueError(f"matmul: {self!r} is not a 2-D weight")
-        lead = math.prod(getattr(x, "shape", (0,))[:-1])
-        if np.dtype(getattr(x, "dtype", np.float64)) == np.float32 and policy.native_matmul(self, lead):
-            return self._in_order(kernels.quantized_matmul(x, self), -1)
-        return self._in_order(self.packed().matmul(x, policy), -1)
+        return self._product(x, None, policy)
 
     def layer_matmul(self, x: Any, layer: Any, policy: Any = None) -> jax.Array:
-        """:meth:`matmul` with layer ``layer`` of a stack: the kernel reads that layer in place."""
+        """:meth:`matmul` with layer ``layer`` of a stack, read in place."""
+        if not self.offsets.ndim:
+            raise ValueError(f"layer_matmul: {self!r} is not a stack of 2-D weights")
+        return self._product(x, layer, policy)
+
+    def _product(self, x: Any, layer: Any, policy: Any) -> jax.Array:
         from maxjax.backend import kernels, policy_for
 
         policy = policy_for(policy)
-        if not self.offsets.ndim:
-            raise ValueError(f"layer_matmul: {self!r} is not a stack of 2-D weights")
-        lead = math.prod(getattr(x, "shape", (0,))[:-1])
-        if np.dtype(getattr(x, "dtype", np.float64)) == np.float32 and policy.native_matmul(self, lead):
+        shape = getattr(x, "shape", (0,))
+        lead = math.prod(shape[:-1])
+        float32 = np.dtype(getattr(x, "dtype", np.float64)) == np.float32 and shape[-1:] == (self.cols,)
+        if float32 and policy.native_matmul(self, lead):  # a few rows: the kernel reads the blocks in place
             return self._in_order(kernels.quantized_matmul(x, self, layer), -1)
-        return self.layer(layer).matmul(x, policy)
+        if float32 and policy.native_matmul(self, 1):  # a prompt: blocks of rows dequantized by the kernel for XLA's GEMM
+            flat = x.reshape(-1, self.cols)
+            n = policy.row_chunks(self.rows, lead)
+            r = self.rows // n
+            if n > 1:
+                out = lax.map(lambda i: policy.matmul_t(flat, kernels.mapped_rows(self, i * r, r, layer)), jnp.arange(n, dtype=jnp.int32))
+                y = jnp.moveaxis(out, 0, 1).reshape(flat.shape[0], self.rows)
+            else:
+                y = policy.matmul_t(flat, kernels.mapped_rows(self, 0, self.rows, layer))
+            return self._in_order(y.reshape(*shape[:-1], self.rows), -1)
+        w = self if layer is None else self.layer(layer)
+        return w._in_order(w.packed().matmul(x, policy), -1)
 
     # -- construction --------------------------------------------------------------------------------
     @classmethod
