@@ -381,7 +381,7 @@ void mapped_pass(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, in
       V w0[R], w1[R];
       for (int i = 0; i < R; ++i) {
         const uint8_t* blk = p[i] + b * kBlock;
-        if ((b & 1) == 0) prefetch(blk);
+        if (K == Kind::kQ8_0 || (b & 1) == 0) prefetch(blk);  // a line or less apart
         if (K == Kind::kQ4_0) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
           // the block's 16 values d * (q - 8) (exact) as a table, looked up by each nibble: one
