@@ -166,14 +166,16 @@ def _rss_bytes() -> int:
 
 def memory_report(lm: Any, generation: Any, rss_before_load: int) -> str:
     """One line: the process's peak resident set and its parts in MB, from what is measured
-    (``ru_maxrss``, the weights' and the KV cache's array bytes, the resident set before loading);
+    (``ru_maxrss``, the weights' and the KV cache's array bytes, each buffer once: a file whose
+    weights are read in place counts whole, resident once read; the resident set before loading);
     the rest is JAX's runtime, XLA's compiled programs and their temporary buffers, and host copies."""
     import resource
 
     import jax
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    weights = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree_util.tree_leaves(lm.state))
+    leaves = {id(x): x for x in jax.tree_util.tree_leaves(lm.state)}  # a mapped file is one leaf of many weights
+    weights = sum(int(getattr(x, "nbytes", 0)) for x in leaves.values())
     kv = generation.kv_cache_bytes
     rest = peak - weights - kv - rss_before_load
     from maxjax.graph.quantization import QuantizedArray

@@ -95,6 +95,7 @@ class Program:
         self.graph = graph
         self.remat = remat
         self.quantized_layout = quantized_layout or self.policy.quantized_layout
+        self._layout_asked = quantized_layout is not None  # else the policy may map some encodings
         if layer_weights is not None and layer_weights not in LAYER_WEIGHTS:
             raise ValueError(f"layer_weights must be one of {LAYER_WEIGHTS} or None, got {layer_weights!r}")
         self.layer_weights = layer_weights or self.policy.layer_weights
@@ -184,6 +185,14 @@ class Program:
         layout = None
         if gguf:  # GGUF blocks: in the layout the policy (or the program) picks
             layout = "packed" if packed_only else self.quantized_layout
+            mesh = isinstance(target, jax.sharding.NamedSharding)
+            if layout == "mapped" and mesh:
+                raise ValueError(
+                    f"weight {w.name!r}: quantized_layout='mapped' reads a weight in place from its file on one "
+                    "device; a weight split over a mesh needs another layout ('nibbles' or 'unpacked')"
+                )
+            if not (packed_only or self._layout_asked or mesh) and self._maps(w.quantization_encoding):
+                layout = "mapped"  # read in place from the mapped file (the policy's mapped_encodings)
             rows = w.stored_shape[-2] if len(w.stored_shape) >= 2 else 1
             if layout == "nibbles" and (rows // _row_parts(target, len(w.stored_shape) + stacked)) % 2:
                 layout = "unpacked"  # nibbles pair rows: each device needs an even number of them
@@ -204,6 +213,13 @@ class Program:
         if w._quantized_class() is not None:  # another encoding: its class reads the stored value
             return jax.device_put(w.as_value(value), target)
         return to_jax_array(value, target)
+
+    def _maps(self, encoding: Any) -> bool:
+        """Whether the policy reads weights of ``encoding`` in place from their mapped file (its
+        ``mapped_encodings``, where maxjax's CPU kernels run)."""
+        from maxjax.backend import kernels
+
+        return getattr(encoding, "value", None) in self.policy.mapped_encodings and kernels.unavailable_reason() is None
 
     def _lay_out(self, value: Any, uses: Any) -> Any:
         """``value`` in the AMX kernel's layout (:class:`~maxjax.backend.kernels.amx.AmxWeight`)

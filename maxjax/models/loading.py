@@ -110,7 +110,8 @@ def memory_plan(
     For a GGUF file: its header (tensor types and shapes, the model's metadata); for a Hugging
     Face directory: ``config.json`` and the safetensors headers. Quantized GGUF tensors count in
     the run-time layout ``quantized_layout`` (None: the backend policy's, e.g. ``"unpacked"``
-    int8 values on AVX2, about 1.9x the file's Q4_0 bytes); float GGUF tensors as stored;
+    int8 values on AVX2, about 1.9x the file's Q4_0 bytes, and the file's own bytes for the
+    encodings it reads in place, ``mapped_encodings``); float GGUF tensors as stored;
     safetensors tensors in ``dtype`` (bfloat16 weights loaded as float32 take twice their file).
 
     Returns:
@@ -160,8 +161,10 @@ def memory_plan(
 
         reader, _ = open_gguf(path)
         weights = 0
+        mapped = set(policy_for(policy).mapped_encodings) if quantized_layout is None else set()
         for t in reader.tensors:
-            nbytes = _gguf_runtime_bytes(str(path), t, layout, GGUF_PLAIN_DTYPES)
+            own = "mapped" if getattr(t.tensor_type, "name", None) in mapped else layout  # read in place: the file's bytes
+            nbytes = _gguf_runtime_bytes(str(path), t, own, GGUF_PLAIN_DTYPES)
             weights += nbytes
         # the KV cache from the tensors themselves (metadata is checked later and may lie): one
         # key and one value row of attn_k's rows (KV heads x head size) per block present

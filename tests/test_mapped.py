@@ -1,0 +1,179 @@
+"""Issue 23 (load at memory speed): GGUF weights read in place from the mapped file (``mapped``).
+
+The kernel's products against the nibbles and unpacked kernels (bit for bit) and against the
+gguf package's dequantizer; the layout's other ops against the stored blocks'; a tiny Llama GGUF
+loaded by the CPU policy, whose Q4_0 weights then alias the file's map, against the same file
+loaded into ``nibbles``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import gguf
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from maxjax.backend import BackendPolicy, kernels, policy_for
+from maxjax.engine.placement import place_layers
+from maxjax.graph.quantization import MappedArray, PackedArray, QuantizationEncoding, to_layout
+from maxjax.graph.weights._host import MappedFile
+from maxjax.graph.weights.lazy import LazyTensor
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"maxjax's CPU kernels do not run here: {kernels.unavailable_reason()}")
+
+E = QuantizationEncoding
+RNG = np.random.default_rng(23)
+
+
+def _blocks(enc: E, rows: int, cols: int, seed: int) -> np.ndarray:
+    """gguf-quantized rows of varied scale: uint8 [rows, row_bytes]."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.01, 3.0, (rows, 1)).astype(np.float32)
+    return gguf.quants.quantize(w, gguf.GGMLQuantizationType[enc.value])
+
+
+@pytest.mark.parametrize("enc", [E.Q4_0, E.Q8_0])
+@pytest.mark.parametrize("layers,rows,cols", [(None, 64, 256), (3, 130, 512), (None, 7, 96)])
+def test_kernel_is_bit_identical_to_the_converted_layouts(enc, layers, rows, cols):
+    """Products of 1 to 11 activation rows with a mapped weight (2-D, or each layer of a stack;
+    an odd number of rows) equal the nibbles (Q4_0, even rows) or unpacked kernel's bit for bit,
+    and the float64 product of gguf's dequantized values closely; the prompt path's dequantized
+    rows are gguf's values bit for bit."""
+    n = layers or 1
+    packed = np.stack([_blocks(enc, rows, cols, s) for s in range(n)])
+    if layers is None:
+        packed = packed[0]
+    mapped = to_layout("mapped", enc, jnp.asarray(packed))
+    assert isinstance(mapped, MappedArray) and mapped.shape == (*packed.shape[:-2], rows, cols)
+    other = to_layout("nibbles" if enc == E.Q4_0 else "unpacked", enc, jnp.asarray(packed))
+    assert other.layout == ("nibbles" if enc == E.Q4_0 and rows % 2 == 0 else "unpacked")
+    want_w = gguf.quants.dequantize(packed.reshape(n * rows, -1), gguf.GGMLQuantizationType[enc.value]).reshape(n, rows, cols)
+    for m in (1, 3, 8, 11):
+        x = RNG.standard_normal((m, cols)).astype(np.float32)
+        for i in range(n):
+            layer = None if layers is None else jnp.int32(i)
+            got = np.asarray(kernels.quantized_matmul(jnp.asarray(x), mapped, layer))
+            np.testing.assert_array_equal(got, np.asarray(kernels.quantized_matmul(jnp.asarray(x), other, layer)))
+            np.testing.assert_allclose(got, x.astype(np.float64) @ want_w[i].T.astype(np.float64), rtol=1e-4, atol=1e-3)
+    for i in range(n):
+        layer = None if layers is None else jnp.int32(i)
+        rows_out = np.asarray(kernels.mapped_rows(mapped, jnp.int32(2), rows - 3, layer))
+        np.testing.assert_array_equal(rows_out, want_w[i][2 : rows - 1])
+
+
+def _mapped_file(tmp_path: Path, layers: list[np.ndarray], gap: int = 96) -> tuple[MappedFile, list[int]]:
+    """The layers written to a file at 32-byte aligned offsets, ``gap`` bytes of junk between them."""
+    path = tmp_path / "weights.bin"
+    offsets, out = [], bytearray(b"\xab" * 64)  # a header
+    for a in layers:
+        offsets.append(len(out))
+        out += a.tobytes() + b"\xcd" * gap
+        out += b"\0" * (-len(out) % 32)
+    path.write_bytes(bytes(out))
+    return MappedFile.open(str(path)), offsets
+
+
+def test_placed_from_a_file_without_a_copy(tmp_path):
+    """``place_layers(quantized_layout="mapped")`` of a stack read lazily out of a mapped file,
+    its layers unevenly spaced and their rows reordered: the weight's file leaf *is* the map (its
+    address), nothing was read, and every op gives what the reordered stored blocks give."""
+    enc = E.Q4_0
+    stored = [_blocks(enc, 16, 64, s) for s in range(3)]
+    mapped, offsets = _mapped_file(tmp_path, stored, gap=96)
+    order = RNG.permutation(16)
+    values = [LazyTensor(mapped, o, np.uint8, stored[0].shape).take_rows(order) for o in offsets]
+    w = place_layers(values, None, stacked=True, encoding="Q4_0", quantized_layout="mapped")
+    assert isinstance(w, MappedArray) and w.shape == (3, 16, 64)
+    assert w.file.unsafe_buffer_pointer() == mapped.array.ctypes.data  # the map itself
+    assert w.nbytes == 3 * stored[0].nbytes + 16 * 4  # its own bytes, not the file's
+    want = PackedArray(enc, jnp.asarray(np.stack([s[order] for s in stored])))
+    np.testing.assert_array_equal(np.asarray(w.dequantize()), np.asarray(want.dequantize()))
+    for i in range(3):
+        np.testing.assert_array_equal(np.asarray(w.layer(i).dequantize()), np.asarray(want.dequantize()[i]))
+        idx = jnp.asarray([[0, 15], [7, 3]], jnp.int32)
+        np.testing.assert_array_equal(np.asarray(w.layer(i).take(idx).dequantize()), np.asarray(want.dequantize()[i][idx]))
+    cpu = policy_for("cpu")
+    x = jnp.asarray(RNG.standard_normal((5, 64)).astype(np.float32))
+    ref = np.asarray(x) @ np.asarray(want.dequantize()).transpose(0, 2, 1)  # [3, 5, 16]
+    for policy in (cpu, dataclasses.replace(cpu, native_matmul_max_rows=0), dataclasses.replace(cpu, native_matmul_max_rows=2)):
+        for i in range(3):  # the kernel (5 rows), XLA on the stored blocks (no kernel), the kernel's dequantized rows for XLA's GEMM
+            got = jax.jit(lambda x, w, i: w.layer_matmul(x, i, policy))(x, w, jnp.int32(i))
+            np.testing.assert_allclose(np.asarray(got), ref[i], rtol=1e-5, atol=1e-4)
+    mapped.close()  # the arrays keep the map alive
+    np.testing.assert_array_equal(np.asarray(w.layer(2).dequantize()), np.asarray(want.dequantize()[2]))
+
+
+def test_row_blocks_of_a_prompt_match_the_whole_product():
+    """A prompt's product in blocks of rows (``dequant_row_chunk``), each dequantized by the
+    kernel, equals the whole weight's product bit for bit."""
+    w = to_layout("mapped", E.Q4_0, jnp.asarray(_blocks(E.Q4_0, 256, 128, 4)))
+    x = jnp.asarray(RNG.standard_normal((40, 128)).astype(np.float32))
+    cpu = policy_for("cpu")
+    whole = jax.jit(lambda x: w.matmul(x, dataclasses.replace(cpu, dequant_row_chunk=0)))(x)
+    blocks = jax.jit(lambda x: w.matmul(x, dataclasses.replace(cpu, dequant_row_chunk=64)))(x)
+    np.testing.assert_array_equal(np.asarray(whole), np.asarray(blocks))
+
+
+def test_bad_weights_are_refused():
+    file = jnp.zeros((4, 32), jnp.uint8)
+    with pytest.raises(ValueError, match=r"file must be uint8 \[units, 32\], got uint8\[4, 16\]"):
+        MappedArray(E.Q4_0, jnp.zeros((4, 16), jnp.uint8), jnp.int32(0), 2, 32)
+    with pytest.raises(ValueError, match="not a whole number of 32-element blocks"):
+        MappedArray(E.Q4_0, file, jnp.int32(0), 2, 48)
+    with pytest.raises(ValueError, match=r"order must be \[2\], got \[3\]"):
+        MappedArray(E.Q4_0, file, jnp.int32(0), 2, 32, order=jnp.arange(3))
+    past = MappedArray(E.Q4_0, file, jnp.int32(3), 4, 32)  # 72 bytes from byte 96 of a 128-byte file
+    with pytest.raises(Exception, match="outside the file"):
+        jax.block_until_ready(kernels.quantized_matmul(jnp.ones((1, 32), jnp.float32), past))
+    with pytest.raises(ValueError, match="maxjax reads only Q4_0 and Q8_0 in place"):
+        BackendPolicy(platform="cpu", mapped_encodings=("Q4_1",))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import make_synthetic_gguf as synth
+
+    return synth.write_gguf("tiny", "q4_0", tmp_path_factory.mktemp("synth") / "tiny-q4_0.gguf", verbose=False)
+
+
+def test_a_q4_0_model_is_read_in_place_and_decodes_as_nibbles(tiny):
+    """The CPU policy maps Q4_0 (where the CPU has AVX-512): every quantized weight of the tiny
+    Llama is a MappedArray over one map of the file (the Q/K weights with their rows reordered),
+    and its prompt logits and greedy tokens equal those of the same file loaded into nibbles."""
+    from maxjax.graph.quantization import QuantizedArray
+    from maxjax.models import load_model
+
+    policy = dataclasses.replace(policy_for("cpu"), mapped_encodings=("Q4_0",))
+    lm = load_model(tiny, policy=policy)
+    ref = load_model(tiny, quantized_layout="nibbles")
+    weights = [x for x in jax.tree.leaves(lm.state, is_leaf=lambda x: isinstance(x, QuantizedArray)) if isinstance(x, QuantizedArray)]
+    assert weights and all(isinstance(x, MappedArray) for x in weights)
+    assert len({x.file.unsafe_buffer_pointer() for x in weights}) == 1
+    assert any(x.order is not None for x in weights)  # q_proj / k_proj: llama.cpp's permutation undone
+    ids = np.asarray([lm.encode_prompt("Hello there, how are")], np.int32)
+    logits = []
+    for m in (lm, ref):
+        k, v = m.new_cache(1, 32)
+        logits.append(np.asarray(m.prefill(ids, [ids.shape[1]], k, v)[1]))
+    np.testing.assert_array_equal(logits[0], logits[1])
+    (a,) = lm.generate(["Hello there"], max_new_tokens=8, stop_at_eos=False)
+    (b,) = ref.generate(["Hello there"], max_new_tokens=8, stop_at_eos=False)
+    assert a.token_ids == b.token_ids
+
+
+def test_a_mesh_refuses_an_explicit_mapped_layout(tiny):
+    """A weight split over a mesh cannot be read in place from one file: asking for ``mapped``
+    there raises, naming the weight; without asking, the policy's layout is used."""
+    from maxjax.models import load_model
+
+    if len(jax.devices()) < 2:
+        pytest.skip("needs 2 devices (XLA_FLAGS=--xla_force_host_platform_device_count)")
+    mesh = jax.make_mesh((2,), ("tp",), devices=jax.devices()[:2])
+    with pytest.raises(ValueError, match=r"quantized_layout='mapped' reads a weight in place from its file on one device"):
+        load_model(tiny, mesh=mesh, quantized_layout="mapped")
