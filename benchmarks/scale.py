@@ -73,7 +73,12 @@ def worker_maxjax(req: dict) -> dict:
     out["decode_tok_s"] = (len(g.token_ids) - 1) / g.decode_seconds
     out["peak_rss"] = _status("VmHWM")
     out["tokens"] = [int(t) for t in g.token_ids[:8]]
-    out["quantized_layout"] = lm.program.quantized_layout
+    import jax
+
+    from maxjax.graph.quantization import QuantizedArray
+
+    leaves = jax.tree.leaves(lm.state, is_leaf=lambda x: isinstance(x, QuantizedArray))
+    out["quantized_layout"] = "+".join(sorted({x.layout for x in leaves if isinstance(x, QuantizedArray)})) or lm.program.quantized_layout
     out["layer_weights"] = lm.program.layer_weights
     assert np.isfinite(out["decode_tok_s"])
     return out

@@ -37,7 +37,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--cpu-devices", type=int, metavar="N", help="give this process N host CPU devices (for --mesh on a CPU)")
     p.add_argument(
-        "--quantized-layout", default="auto", choices=("auto", "nibbles", "unpacked", "packed", "dequantized"),
+        "--quantized-layout", default="auto", choices=("auto", "nibbles", "unpacked", "packed", "dequantized", "mapped"),
         help="with --mesh: the runtime layout of quantized weights (default: the backend policy's)",
     )  # fmt: skip
 
