@@ -60,7 +60,7 @@ def worker_maxjax(req: dict) -> dict:
     from maxjax.models import load_model
 
     t0 = time.perf_counter()
-    lm = load_model(req["model"])
+    lm = load_model(req["model"], quantized_layout=req.get("quantized_layout"))
     out = {"engine": "maxjax", "load_s": time.perf_counter() - t0, "rss_after_load": _status("VmRSS")}
     ids = lm.tokenizer.encode(PROMPT)[:128]
     text = lm.tokenizer.decode(ids)
@@ -197,6 +197,8 @@ def main() -> None:
     ap.add_argument("--smollm2", action=argparse.BooleanOptionalAction, default=True, help="include SmolLM2-135M")
     ap.add_argument("--safetensors", default="", help="sizes to add as bfloat16 Hugging Face directories (maxjax only: "
                     "llama.cpp reads GGUF), e.g. 1b")
+    ap.add_argument("--also-layout", default="", help="also run maxjax with this quantized layout (e.g. nibbles: the "
+                    "layout GGUF Q4_0 took before the policy mapped it), reported as engine 'maxjax[LAYOUT]'")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -235,23 +237,32 @@ def main() -> None:
         if have_llama and "prompt_ids" in mj and not os.path.isdir(path):
             row["llama.cpp"] = run([a.llama_python], {"engine": "llama", "model": path, "prompt_ids": mj["prompt_ids"], "steps": a.steps,
                                                          "llama_extra_bufts": a.llama_extra_bufts}, a.timeout)
+        also = f"maxjax[{a.also_layout}]" if a.also_layout else None
+        if also and not os.path.isdir(path):
+            row[also] = run([sys.executable], {"engine": "maxjax", "model": path, "steps": a.steps, "quantized_layout": a.also_layout}, a.timeout)
         rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("maxjax", "llama.cpp")}), flush=True)
-        for eng in ("maxjax", "llama.cpp"):
+        engines = [k for k in row if k == "maxjax" or k.startswith("maxjax[") or k == "llama.cpp"]
+        print(json.dumps({k: v for k, v in row.items() if k not in engines}), flush=True)
+        for eng in engines:
             r = row.get(eng)
             if r is None:
                 continue
             if "error" in r:
                 print(f"  {eng:9s} ERROR {r['error']}")
                 continue
-            print(f"  {eng:9s} load {r['load_s']:6.2f} s  RSS load {r['rss_after_load'] / 1e6:7.0f} MB  peak {r['peak_rss'] / 1e6:7.0f} MB"
+            print(f"  {eng:16s} load {r['load_s']:6.2f} s  RSS load {r['rss_after_load'] / 1e6:7.0f} MB  peak {r['peak_rss'] / 1e6:7.0f} MB"
                   f"  TTFT {r['ttft_s'] * 1e3:7.0f} ms  decode {r['decode_tok_s']:6.2f} tok/s"
-                  + (f"  compile {r['compile_s']:.1f} s ({r['quantized_layout']})" if eng == "maxjax" else ""))  # fmt: skip
+                  + (f"  compile {r['compile_s']:.1f} s ({r['quantized_layout']})" if eng.startswith("maxjax") else ""))  # fmt: skip
         if "llama.cpp" in row and "error" not in row["llama.cpp"] and "error" not in mj:
             l = row["llama.cpp"]
             row["ratios"] = {"load_time": mj["load_s"] / l["load_s"], "peak_rss": mj["peak_rss"] / l["peak_rss"],
                              "decode": mj["decode_tok_s"] / l["decode_tok_s"], "ttft": mj["ttft_s"] / l["ttft_s"]}  # fmt: skip
             print("  maxjax/llama.cpp: " + ", ".join(f"{k} {v:.2f}x" for k, v in row["ratios"].items()))
+            o = row.get(also) if also else None
+            if o and "error" not in o:
+                row["ratios_" + also] = {"load_time": o["load_s"] / l["load_s"], "peak_rss": o["peak_rss"] / l["peak_rss"],
+                                         "decode": o["decode_tok_s"] / l["decode_tok_s"], "ttft": o["ttft_s"] / l["ttft_s"]}  # fmt: skip
+                print(f"  {also}/llama.cpp: " + ", ".join(f"{k} {v:.2f}x" for k, v in row["ratios_" + also].items()))
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = {"machine": platform.platform(), "cpu_vector_features": features, "cores": cores,
            "read_bandwidth_1thread_gb_s": bw, "read_bandwidth_all_threads_gb_s": bw_all, "steps": a.steps, "rows": rows,
@@ -270,7 +281,9 @@ def plot(rows: list[dict], features: dict, path: pathlib.Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, (key, label, scale) in zip(axes, [("load_s", "load time (s)", 1), ("peak_rss", "peak RSS (MB)", 1e-6),
                                               ("decode_tok_s", "batch-1 decode (tok/s)", 1)]):  # fmt: skip
-        for eng, marker in (("maxjax", "o"), ("llama.cpp", "s")):
+        engines = sorted({k for r in rows for k in r if k == "maxjax" or k.startswith("maxjax[")}) + ["llama.cpp"]
+        for eng, marker in zip(engines, ("o", "^", "v", "s") if len(engines) > 2 else ("o", "s")):
+            marker = "s" if eng == "llama.cpp" else marker
             for qtype in sorted({r["type"] for r in rows}):
                 pts = [(r["file_bytes"] / 1e6, r[eng][key] * scale) for r in rows
                        if r["type"] == qtype and eng in r and "error" not in r[eng]]  # fmt: skip
