@@ -332,6 +332,12 @@ ffi::Error UnpackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::An
 // ---- GGUF blocks read in place ------------------------------------------------------------------
 enum class Kind : int64_t { kQ4_0 = 0, kQ8_0 = 2 };  // layouts.cc's numbering
 
+// Two rows are read at once, two streams: each is read 8 KiB ahead (2-core AVX-512 Xeon, one
+// activation row, Q4_0 stacks of 32 x [2048, 8192], 32 x [8192, 2048] and 64 x [2048, 2048]:
+// 0.79, 1.0 and 1.0x the nibbles kernel's speed 2 KiB ahead, 1.15, 1.05 and 1.05x 8 KiB ahead;
+// 1 KiB ahead was slower still)
+constexpr int64_t kMappedPrefetch = 8192;
+
 // d[i] = the float16 at p + i * stride, i < n, widened (each block's scale leads the block).
 inline void gather_half(const uint8_t* p, int64_t stride, int64_t n, float* d) {
   int64_t i = 0;
@@ -381,7 +387,7 @@ void mapped_pass(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, in
       V w0[R], w1[R];
       for (int i = 0; i < R; ++i) {
         const uint8_t* blk = p[i] + b * kBlock;
-        if (K == Kind::kQ8_0 || (b & 1) == 0) prefetch(blk);  // a line or less apart
+        if (K == Kind::kQ8_0 || (b & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(blk) + kMappedPrefetch, _MM_HINT_T0);  // a line or less apart
         if (K == Kind::kQ4_0) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
           // the block's 16 values d * (q - 8) (exact) as a table, looked up by each nibble: one
