@@ -149,7 +149,7 @@ def test_a_q4_0_model_is_read_in_place_and_decodes_as_nibbles(tiny):
     from maxjax.graph.quantization import QuantizedArray
     from maxjax.models import load_model
 
-    policy = dataclasses.replace(policy_for("cpu"), mapped_encodings=("Q4_0",))
+    policy = dataclasses.replace(policy_for("cpu"), mapped_encodings=("Q4_0", "Q8_0"))
     lm = load_model(tiny, policy=policy)
     ref = load_model(tiny, quantized_layout="nibbles")
     weights = [x for x in jax.tree.leaves(lm.state, is_leaf=lambda x: isinstance(x, QuantizedArray)) if isinstance(x, QuantizedArray)]

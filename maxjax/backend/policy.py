@@ -43,13 +43,13 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   ``mapped`` layout, :class:`~maxjax.graph.quantization.MappedArray`) when the program runs on one
   device and ``quantized_layout`` was not asked for: loading them is mapping the file, as
   llama.cpp's is, and their memory is the file's page cache; other encodings take
-  ``quantized_layout``. CPU with AVX-512 where the kernels build: ``("Q4_0",)`` (2-core AVX-512
-  Xeon, Llama-3.2-1B-shaped Q4_0, fresh processes alternately: load 1.8-2.3 -> 1.0 s, resident
-  after the load 905 -> 245 MB, decode 0.97x and 1.10x ``nibbles``, same tokens; its kernel reads
-  each block's values through a table of ``d * (q - 8)``, as fast as the nibbles kernel at 1 to
-  16 rows). Q8_0 is not mapped by default: its mapped products ran at 0.75x the ``unpacked``
-  kernel and decode at 0.83x (load 2-3.5 -> 0.6-1.0 s); ``quantized_layout="mapped"`` asks for
-  it. AVX2 CPUs (no 16-entry table in one register; unmeasured), GPU, TPU: ``()``.
+  ``quantized_layout``. CPU with AVX-512 where the kernels build: ``("Q4_0", "Q8_0")`` (2-core
+  AVX-512 Xeon, Llama-3.2-1B-shaped files, fresh processes alternately, same tokens: Q4_0 load
+  1.6-1.7 -> 1.1 s, resident after the load 906 -> 245 MB, decode 1.06x and 0.96x ``nibbles``;
+  Q8_0 load 2.4-3.5 -> 0.8-1.0 s, resident 1570 -> 268 MB, decode 1.28x and 1.11x ``unpacked``.
+  Its kernel looks Q4_0 values up in a per-block table of ``d * (q - 8)`` and reads each of its
+  two row streams 8 KiB ahead; ``benchmarks/results/scale_mapped_avx512.txt`` has 1B to 8B
+  against llama.cpp). AVX2 CPUs (no 16-entry table in one register; unmeasured), GPU, TPU: ``()``.
 - ``weight_left_max_rows``: for ``x @ w.T`` with 2 to this many rows in ``x`` (batched decode),
   compute ``(w @ x.T).T`` with the weight as the GEMM's left operand, behind an
   ``optimization_barrier`` so XLA keeps that order (XLA:CPU's GEMM re-lays a ``[out, in]`` right
@@ -409,7 +409,7 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
         frozen_precision=lax.Precision.HIGH if _amx.AMX_FLAGS <= flags else lax.Precision.HIGHEST,
         bfloat16_frozen_kernel=_amx.AMX_FLAGS <= flags,
         quantized_layout="nibbles" if avx512 else "unpacked",
-        mapped_encodings=("Q4_0",) if avx512 and kernel else (),
+        mapped_encodings=("Q4_0", "Q8_0") if avx512 and kernel else (),
         weight_left_max_rows=16,
         dequant_row_chunk=1024,
         dequant_col_chunk=0 if kernel else 2048,
