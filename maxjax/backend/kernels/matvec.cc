@@ -332,6 +332,9 @@ ffi::Error UnpackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::An
 // ---- GGUF blocks read in place ------------------------------------------------------------------
 enum class Kind : int64_t { kQ4_0 = 0, kQ8_0 = 2 };  // layouts.cc's numbering
 
+// bytes of a row of `cols` values (18-byte Q4_0 blocks, 34-byte Q8_0 ones)
+inline int64_t mapped_row_bytes(int64_t kind, int64_t cols) { return cols / 32 * (kind == int64_t(Kind::kQ4_0) ? 18 : 34); }
+
 // Two rows are read at once, two streams: each is read 8 KiB ahead (2-core AVX-512 Xeon, one
 // activation row, Q4_0 stacks of 32 x [2048, 8192], 32 x [8192, 2048] and 64 x [2048, 2048]:
 // 0.79, 1.0 and 1.0x the nibbles kernel's speed 2 KiB ahead, 1.15, 1.05 and 1.05x 8 KiB ahead;
@@ -433,7 +436,7 @@ void mapped_rows(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, in
 
 template <Kind K>
 void run_mapped(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const uint8_t* w, int64_t rows, int64_t cols, float* out) {
-  const int64_t bpr = cols / 32 * (K == Kind::kQ4_0 ? 18 : 34);
+  const int64_t bpr = mapped_row_bytes(int64_t(K), cols);
   // tasks of whole pairs of rows
   parallel_for(pool, (rows + 1) / 2, rows * cols * m_rows, [&](int64_t p0, int64_t p1) {
     const int64_t r0 = 2 * p0, r1 = std::min(rows, 2 * p1);
@@ -441,27 +444,34 @@ void run_mapped(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const uin
   });
 }
 
+// The first byte of a mapped weight's layer (`layer` clamped into the offsets' range, as XLA's
+// dynamic-slice clamps) plus `skip` bytes, with `nbytes` of it inside the file: nothing is read
+// past the file.
+ffi::Error mapped_bytes(const char* what, const ffi::Buffer<ffi::U8>& file, const ffi::Buffer<ffi::S32>& offsets,
+                        const ffi::AnyBuffer& layer, int64_t kind, int64_t skip, int64_t nbytes, const uint8_t*& w) {
+  if (kind != int64_t(Kind::kQ4_0) && kind != int64_t(Kind::kQ8_0))
+    return ffi::Error::InvalidArgument(std::string(what) + ": the blocks must be Q4_0 or Q8_0");
+  if (offsets.element_count() == 0) return ffi::Error::InvalidArgument(std::string(what) + ": no offset");
+  int64_t l = 0;
+  if (layer.element_count() != 0) {
+    l = *reinterpret_cast<const int32_t*>(layer.untyped_data());
+    l = std::min<int64_t>(std::max<int64_t>(l, 0), int64_t(offsets.element_count()) - 1);
+  }
+  const int64_t first = int64_t(offsets.typed_data()[l]) * 32 + skip;
+  if (skip < 0 || first < 0 || first + nbytes > int64_t(file.element_count()))
+    return ffi::Error::InvalidArgument(std::string(what) + ": the weight's bytes are outside the file");
+  w = file.typed_data() + first;
+  return ffi::Error::Success();
+}
+
 ffi::Error MappedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> file, ffi::Buffer<ffi::S32> offsets,
                         ffi::AnyBuffer layer, ffi::ResultBuffer<ffi::F32> out, int64_t kind) {
   const int64_t cols = x.dimensions().back(), m_rows = x.element_count() / cols;
   const int64_t rows = out->dimensions().back();
-  if (kind != int64_t(Kind::kQ4_0) && kind != int64_t(Kind::kQ8_0))
-    return ffi::Error::InvalidArgument("mapped matmul: the blocks must be Q4_0 or Q8_0");
   if (auto e = check_dims("mapped matmul", cols, rows, rows, 32); e.failure()) return e;
   if (int64_t(out->element_count()) != m_rows * rows) return ffi::Error::InvalidArgument("mapped matmul: the output's shape");
-  const int64_t layers = std::max<int64_t>(1, offsets.element_count());
-  int64_t l = 0;
-  if (layer.element_count() != 0) {
-    l = *reinterpret_cast<const int32_t*>(layer.untyped_data());
-    l = std::min<int64_t>(std::max<int64_t>(l, 0), layers - 1);  // clamped, as XLA's dynamic-slice clamps
-  }
-  if (offsets.element_count() == 0) return ffi::Error::InvalidArgument("mapped matmul: no offset");
-  const int64_t bpr = cols / 32 * (kind == int64_t(Kind::kQ4_0) ? 18 : 34);
-  const int64_t start = int64_t(offsets.typed_data()[l]) * 32;
-  const int64_t size = int64_t(file.element_count());
-  if (start < 0 || start + rows * bpr > size)  // nothing is read past the file
-    return ffi::Error::InvalidArgument("mapped matmul: the weight's bytes are outside the file");
-  const uint8_t* w = file.typed_data() + start;
+  const uint8_t* w;
+  if (auto e = mapped_bytes("mapped matmul", file, offsets, layer, kind, 0, rows * mapped_row_bytes(kind, cols), w); e.failure()) return e;
   if (kind == int64_t(Kind::kQ4_0))
     run_mapped<Kind::kQ4_0>(pool, x.typed_data(), m_rows, w, rows, cols, out->typed_data());
   else
@@ -509,24 +519,16 @@ ffi::Error MappedDequantize(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> file, ffi
   const auto od = out->dimensions();
   if (od.size() != 2) return ffi::Error::InvalidArgument("mapped dequantize: the output must be [rows, cols]");
   const int64_t count = od[0], cols = od[1];
-  if (kind != int64_t(Kind::kQ4_0) && kind != int64_t(Kind::kQ8_0))
-    return ffi::Error::InvalidArgument("mapped dequantize: the blocks must be Q4_0 or Q8_0");
   if (cols <= 0 || cols % 32) return ffi::Error::InvalidArgument("mapped dequantize: columns must be whole 32-value blocks");
-  if (offsets.element_count() == 0 || start.element_count() != 1) return ffi::Error::InvalidArgument("mapped dequantize: no offset or start");
-  const int64_t layers = offsets.element_count();
-  int64_t l = 0;
-  if (layer.element_count() != 0) {
-    l = *reinterpret_cast<const int32_t*>(layer.untyped_data());
-    l = std::min<int64_t>(std::max<int64_t>(l, 0), layers - 1);
-  }
-  const int64_t bpr = cols / 32 * (kind == int64_t(Kind::kQ4_0) ? 18 : 34);
-  const int64_t first = int64_t(offsets.typed_data()[l]) * 32 + int64_t(start.typed_data()[0]) * bpr;
-  if (start.typed_data()[0] < 0 || first < 0 || first + count * bpr > int64_t(file.element_count()))
-    return ffi::Error::InvalidArgument("mapped dequantize: the rows' bytes are outside the file");
+  if (start.element_count() != 1) return ffi::Error::InvalidArgument("mapped dequantize: no start");
+  const int64_t bpr = mapped_row_bytes(kind, cols);
+  const uint8_t* w;
+  if (auto e = mapped_bytes("mapped dequantize", file, offsets, layer, kind, int64_t(start.typed_data()[0]) * bpr, count * bpr, w); e.failure())
+    return e;
   if (kind == int64_t(Kind::kQ4_0))
-    dequantize_rows<Kind::kQ4_0>(pool, file.typed_data() + first, bpr, count, cols, out->typed_data());
+    dequantize_rows<Kind::kQ4_0>(pool, w, bpr, count, cols, out->typed_data());
   else
-    dequantize_rows<Kind::kQ8_0>(pool, file.typed_data() + first, bpr, count, cols, out->typed_data());
+    dequantize_rows<Kind::kQ8_0>(pool, w, bpr, count, cols, out->typed_data());
   return ffi::Error::Success();
 }
 

@@ -113,26 +113,19 @@ class MappedArray(QuantizedArray):
         order = 0 if self.order is None else self.rows * 4
         return math.prod(self.offsets.shape) * self.rows * self.row_bytes + order
 
-    def abstract(self) -> "MappedArray":
-        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=getattr(a, "sharding", None)), self)
-
     # -- the stored bytes ----------------------------------------------------------------------------
-    def _stored_rows(self, offset: Any, start: int, count: int) -> jax.Array:
-        """Stored rows ``[start, start + count)`` of the layer at ``offset`` (units): uint8
-        ``[count, row_bytes]``. ``start * row_bytes`` must be a whole number of units."""
-        nbytes = count * self.row_bytes
-        first, rest = divmod(start * self.row_bytes, UNIT)
-        assert rest == 0, (start, self.row_bytes)
-        units = -(-nbytes // UNIT)
-        block = lax.dynamic_slice(self.file, (offset + first, 0), (units, UNIT))
-        return block.reshape(-1)[:nbytes].reshape(count, self.row_bytes)
+    def _stored_rows(self, offset: Any) -> jax.Array:
+        """The stored rows of the layer at ``offset`` (units): uint8 ``[rows, row_bytes]``."""
+        nbytes = self.rows * self.row_bytes
+        block = lax.dynamic_slice(self.file, (offset, 0), (-(-nbytes // UNIT), UNIT))
+        return block.reshape(-1)[:nbytes].reshape(self.rows, self.row_bytes)
 
     def packed(self) -> PackedArray:
         """The weight's stored blocks as a :class:`PackedArray` (a copy out of the file), rows as
         stored (``order`` not applied): ``[..., rows, row_bytes]``."""
         if not self.offsets.ndim:
-            return PackedArray(self.encoding, self._stored_rows(self.offsets, 0, self.rows))
-        data = jax.vmap(lambda o: self._stored_rows(o, 0, self.rows))(self.offsets.reshape(-1))
+            return PackedArray(self.encoding, self._stored_rows(self.offsets))
+        data = jax.vmap(self._stored_rows)(self.offsets.reshape(-1))
         return PackedArray(self.encoding, data.reshape(*self.offsets.shape, self.rows, self.row_bytes))
 
     def _in_order(self, y: Any, axis: int) -> Any:
