@@ -5,6 +5,8 @@ rounding, works with LoRA, and is refused on a platform without native bfloat16 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -23,9 +25,17 @@ BF16 = dataclasses.replace(policy_for("cpu"), bfloat16_matmul=True)
 STEPS = 6
 
 
-def _run(compute_dtype, model=None, trainable=None, held_out=True):
+#: the two bfloat16 recipes, whatever this machine's policy picks (``bfloat16_autocast``: CPUs
+#: without AMX-BF16); the AMX kernel's frozen layout is tested in tests/test_amx.py
+RECIPES = {
+    "bfloat16 activations": dataclasses.replace(BF16, bfloat16_autocast=False, bfloat16_frozen_kernel=False),
+    "autocast": dataclasses.replace(BF16, bfloat16_autocast=True, bfloat16_frozen_kernel=False),
+}
+
+
+def _run(compute_dtype, model=None, trainable=None, held_out=True, policy=BF16):
     model = tiny_model(3) if model is None else model
-    trainer = train.Trainer(model, optax.adamw(1e-2), trainable=trainable, policy=BF16, compute_dtype=compute_dtype)
+    trainer = train.Trainer(model, optax.adamw(1e-2), trainable=trainable, policy=policy, compute_dtype=compute_dtype)
     state = trainer.init(seed=0)
     losses = []
     for i in range(STEPS):
@@ -39,9 +49,11 @@ def _float_dtypes(tree):
     return {str(a.dtype) for a in jax.tree.leaves(tree) if jnp.issubdtype(a.dtype, jnp.floating)}
 
 
-def test_bfloat16_keeps_float32_masters_and_follows_the_float32_loss_curve():
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_bfloat16_keeps_float32_masters_and_follows_the_float32_loss_curve(recipe):
     t32, s32, l32, h32 = _run("float32")
-    t16, s16, l16, h16 = _run("bfloat16")
+    t16, s16, l16, h16 = _run("bfloat16", policy=RECIPES[recipe])
+    assert t16.autocast == (recipe == "autocast") == t16.program.policy.autocast
     # masters, optimizer state (adam's mu/nu) float32; frozen copies and activations bfloat16
     assert _float_dtypes(s16.params) == {"float32"} and _float_dtypes(s16.opt_state) == {"float32"}
     assert t16.program.graph is not t32.program.graph
@@ -210,3 +222,97 @@ def test_bfloat16_lora_data_parallel_on_a_mesh_of_8_devices_equals_one_device():
     assert sharded.num_compiles == 1
     for k in s1.params:
         np.testing.assert_allclose(np.asarray(s2.params[k]), np.asarray(s1.params[k]), rtol=2e-2, atol=2e-3, err_msg=k)
+
+
+def test_autocast_is_the_cpu_recipe_without_amx_and_never_a_platform_default():
+    """``bfloat16_autocast``: CPUs without AMX-BF16 (their bfloat16 Trainer keeps float32
+    activations); AMX CPUs keep bfloat16 activations for their AMX kernel; GPU and TPU too. No
+    platform policy sets ``autocast`` itself: only a bfloat16 Trainer's program has it."""
+    zen = cpu_policy(frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16"}))
+    spr = cpu_policy(frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}))
+    assert zen.bfloat16_autocast and not spr.bfloat16_autocast
+    assert not policy_for("gpu").bfloat16_autocast and not policy_for("tpu").bfloat16_autocast
+    assert not any(p.autocast for p in (zen, spr, policy_for("gpu"), policy_for("tpu"), policy_for("cpu")))
+    model = tiny_model(2)
+    auto = train.Trainer(model, optax.sgd(0.1), policy=RECIPES["autocast"], compute_dtype="bfloat16")
+    plain = train.Trainer(model, optax.sgd(0.1), policy=RECIPES["autocast"])  # float32 steps: no autocast
+    assert auto.autocast and auto.program.policy.autocast
+    assert not plain.autocast and not plain.program.policy.autocast
+    assert not RECIPES["autocast"].autocast  # the Trainer's own copy of the policy, not the one passed
+
+
+def test_autocast_products_round_the_float32_operand_and_sum_in_float32():
+    """Under ``autocast`` a stored bfloat16 weight times float32 activations is a dot of bfloat16
+    operands with float32 results, forward and in both cotangent products (x's cotangent float32,
+    the weight's bfloat16); without it, JAX's promotion multiplies the weight's exact float32
+    value by the unrounded activations."""
+    auto = dataclasses.replace(cpu_policy(), autocast=True)
+    plain = cpu_policy()
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((2, 5, 96)), jnp.float32)  # [batch, seq, in]
+    w = jnp.asarray(rng.standard_normal((40, 96)), jnp.bfloat16)  # [out, in]
+    xr = np.asarray(x.astype(jnp.bfloat16), np.float64)  # x rounded to bfloat16
+    xf, wf = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    y = auto.matmul_t(x, w, stored=True)
+    assert y.dtype == jnp.float32 and y.shape == (2, 5, 40)
+    np.testing.assert_allclose(np.asarray(y, np.float64), xr @ wf.T, rtol=1e-5, atol=1e-5)  # float32 sums of exact products
+    y_plain = plain.matmul_t(x, w.astype(jnp.float32), stored=True)  # what promotion computes
+    np.testing.assert_allclose(np.asarray(y_plain, np.float64), xf @ wf.T, rtol=1e-5, atol=1e-5)
+    assert np.abs(np.asarray(y) - np.asarray(y_plain)).max() > 1e-3  # the operand really was rounded
+
+    def loss(x, w):
+        return jnp.sum(jnp.sin(auto.matmul_t(x, w, stored=True)))
+
+    grad = jax.grad(loss, argnums=(0, 1))
+    hlo = jax.jit(grad).lower(x, w).as_text()
+    dots = [ln for ln in hlo.splitlines() if "dot_general" in ln]
+    assert len(dots) == 3, dots
+    for ln in dots:  # bfloat16 operands, float32 results
+        ins, out = ln.split("->")
+        assert ins.count("xbf16>") == 2 and "xf32>" in out, ln
+    gx, gw = grad(x, w)
+    assert gx.dtype == jnp.float32 and gw.dtype == jnp.bfloat16
+    g = np.asarray(jnp.cos(y).astype(jnp.bfloat16), np.float64)  # the cotangent, rounded as the bwd rounds it
+    np.testing.assert_allclose(np.asarray(gx, np.float64), g @ wf, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(gw, np.float64), np.einsum("bso,bsi->oi", g, xr), rtol=2**-8, atol=1e-2)
+
+
+def test_autocast_lora_step_keeps_float32_activations_and_saves_no_bfloat16_stack():
+    """An autocast LoRA step: the hidden states are float32 (the logits before the LM head's
+    product too), the recomputed layer scan saves its float32 products and no bfloat16 stack
+    (XLA:CPU would rewrite a bfloat16 stack whole at every layer), and it trains like the
+    bfloat16-activation recipe and like float32."""
+    def lora_model():
+        m = tiny_model(3)
+        train.apply_lora(m, ["q_proj", "up_proj", "down_proj"], rank=4, alpha=8, key=jax.random.key(1))
+        return m
+
+    runs = {r: _run("bfloat16", lora_model(), "*lora_*", held_out=False, policy=p) for r, p in RECIPES.items()}
+    t32, _, l32, _ = _run("float32", lora_model(), "*lora_*", held_out=False)
+    t, s, la, _ = runs["autocast"]
+    assert t.program.remat  # the policy's bfloat16_remat
+    np.testing.assert_allclose(la, l32, atol=0.03)
+    np.testing.assert_allclose(runs["bfloat16 activations"][2], l32, atol=0.03)
+    assert np.abs(la - l32).max() > 1e-6  # bfloat16 products really ran
+    batch = jnp.asarray(tokens(2, 9, seed=5))
+    jaxpr = jax.make_jaxpr(t.logits)(s.params, t.frozen, batch[:, :-1])
+    carried = [v.aval for e in jaxpr.eqns if e.primitive.name == "scan" for v in e.outvars]
+    assert carried and all(a.dtype != jnp.bfloat16 for a in carried)  # the hidden state [b, s, h] float32
+    def stacked(trainer, state, dtype):
+        """The per-layer values of at least one row per token (2 x 8 tokens x 32 features) that
+        the step's scans stack with ``dynamic_update_slice``, of ``dtype`` (the LoRA factors'
+        gradients, rank x features, are smaller)."""
+        hlo = trainer._step_jit.lower(state, trainer.frozen, batch, None).as_text()
+        found = []
+        for ln in hlo.splitlines():
+            m = re.search(r"dynamic_update_slice .*: \(tensor<[\dx]+x(\w+)>, tensor<([\dx]+)x\w+>", ln)
+            if m and m.group(1) == dtype and math.prod(int(d) for d in m.group(2).split("x")) >= 2 * 8 * 32:
+                found.append(ln)
+        return found
+
+    assert not stacked(t, s, "bf16")
+    # the saved float32 products: the MLP's [2, 8, 48] among them (a recomputed layer saves only
+    # its input, the [2, 8, 32] hidden state)
+    assert any("x48xf32>" in ln for ln in stacked(t, s, "f32"))
+    plain, s2 = runs["bfloat16 activations"][:2]
+    assert not stacked(plain, s2, "f32")  # that recipe recomputes its layers whole

@@ -139,6 +139,22 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   their uint16 bit patterns (:class:`~maxjax.graph.layer_weights.StackBits`), sliced in place,
   rather than widened to float32 whole at every step (same SmolLM2 LoRA step, with remat: 2.7 s
   -> 2.2 s; the values are bit-identical). CPU: True; GPU and TPU: False.
+- ``bfloat16_autocast``: how ``Trainer(compute_dtype="bfloat16")`` runs. True: PyTorch's
+  ``torch.autocast`` recipe for CPU matmuls. Activations, norms, attention and the loss stay
+  float32; each stored-weight product (every ``Linear``, a tied LM head) rounds its float32
+  operand to bfloat16 and multiplies the bfloat16 weight with float32 results, forward and in
+  both cotangent products. The Trainer sets ``autocast`` on its program's policy for this, and
+  a recomputed layer scan (``bfloat16_remat``) keeps those products' float32 results for the
+  backward pass and recomputes only the rest. False: activations are bfloat16 too. CPU without
+  AMX-BF16: True (a LoRA step of SmolLM2, batch 4 x 128, on a 2-core AVX-512 Zen 5 EPYC, processes
+  run alternately: 494-536 -> 572-622 tokens/s, and a loss closer to float32's); CPU with
+  AMX-BF16: False (its frozen products run in the AMX kernel on bfloat16 activations,
+  ``bfloat16_frozen_kernel``; autocast is unmeasured there); GPU and TPU: False.
+- ``autocast``: set by a bfloat16 ``Trainer`` on its own program's policy where
+  ``bfloat16_autocast`` holds, never by a platform's policy. While set, a stored-weight product
+  of float32 activations with a bfloat16 weight runs as above (elsewhere JAX's promotion widens
+  the weight to float32), and a recomputed layer scan saves the float32 products
+  (:func:`maxjax.graph.scan.run_chain`).
 - ``xla_options``: compiler options for the programs maxjax itself jits (``CausalLM``'s steps,
   ``InferenceSession`` models), never for functions a user jits. CPU: XNNPACK off (its per-call
   cost exceeds small matmuls), and 512-bit vectors for float32 programs where the CPU has AVX-512.
@@ -206,6 +222,9 @@ class BackendPolicy:
         bfloat16_float32_dots: bfloat16 stored-weight products ask for float32 results (see above).
         bfloat16_remat: bfloat16 training recomputes scanned layers unless told otherwise (see above).
         bfloat16_stack_bits: frozen bfloat16 stacks are scanned as their bits (see above).
+        bfloat16_autocast: a bfloat16 Trainer keeps float32 activations and rounds only the
+            operands of stored-weight products to bfloat16 (see above).
+        autocast: this program runs those products so (set by the Trainer, see above).
         xla_options: XLA compiler options for maxjax's own jitted programs.
         wide_vector_options: further options for float32 programs only (the CPU's 512-bit vectors:
             with bfloat16 activations they moved SmolLM2's logits 0.875 from transformers' own
@@ -238,6 +257,8 @@ class BackendPolicy:
     bfloat16_float32_dots: bool = False
     bfloat16_remat: bool = False
     bfloat16_stack_bits: bool = False
+    bfloat16_autocast: bool = False
+    autocast: bool = False
     xla_options: tuple[tuple[str, Any], ...] = ()
     wide_vector_options: tuple[tuple[str, Any], ...] = ()
     cpu_features: frozenset[str] = frozenset()
@@ -306,6 +327,8 @@ class BackendPolicy:
                 return _amx.matmul_t(x, w)
             if self.bfloat16_float32_dots and x.dtype == jnp.bfloat16:
                 return _bfloat16_matmul_t(x, w)
+        if stored and self.autocasts(x, w):
+            return _autocast_matmul_t(x, w)
             return lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), precision=self.precision)
         rows = math.prod(x.shape[:-1])  # symbolic while a Graph is built with symbolic dimensions
         n = 0 if stored else self.weight_left_max_rows
@@ -314,6 +337,11 @@ class BackendPolicy:
             y = lax.dot_general(w, flat, (((1,), (1,)), ((), ())), precision=self.precision)
             return lax.optimization_barrier(y).T.reshape(*x.shape[:-1], w.shape[0])
         return jnp.matmul(x, w.T, precision=self.precision)
+
+    def autocasts(self, x: Any, w: Any) -> bool:
+        """Whether ``x @ w.T`` of a stored weight runs autocast (see ``autocast``): float32 ``x``,
+        a 2-D bfloat16 ``w``, in a program whose policy has ``autocast``."""
+        return self.autocast and getattr(w, "ndim", 0) == 2 and x.dtype == jnp.float32 and w.dtype == jnp.bfloat16
 
     def native_matmul(self, w: Any, lead: Any) -> bool:
         """Whether ``x @ w.T`` of a quantized weight ``w`` (2-D, or a layer stack) with ``lead``
@@ -366,9 +394,23 @@ def _amx_takes(x: Any, w: Any) -> bool:
     return _amx.supports(x, w) and _amx.available()
 
 
+def _float32_dot_t(x: Any, w: Any) -> Any:
+    """``x [..., in] @ w [out, in].T`` with float32 results (sums), whatever the operands' dtype."""
+    return lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _float32_cotangents(g: Any, x: Any, w: Any) -> tuple[Any, Any]:
+    """The cotangents of ``y = x @ w.T`` for ``g = dy`` (operands of one dtype), float32 sums and
+    results: ``dx = g @ w`` ``[..., in]`` and ``dw = g.T @ x`` over every row ``[out, in]``."""
+    dx = lax.dot_general(g, w, (((g.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32)  # [..., in]
+    g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])  # [rows, out], [rows, in]
+    dw = lax.dot_general(g2, x2, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)  # [out, in]
+    return dx, dw
+
+
 def _bfloat16_dot_t(x: Any, w: Any) -> Any:
     """``x [..., in] @ w [out, in].T`` of bfloat16 operands with float32 results, rounded to bfloat16."""
-    return lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32).astype(x.dtype)
+    return _float32_dot_t(x, w).astype(x.dtype)
 
 
 @jax.custom_vjp
@@ -384,14 +426,34 @@ def _bfloat16_matmul_t_fwd(x: Any, w: Any) -> tuple[Any, tuple[Any, Any]]:
 
 def _bfloat16_matmul_t_bwd(res: tuple[Any, Any], g: Any) -> tuple[Any, Any]:
     x, w = res
-    g = g.astype(x.dtype)  # [..., out]
-    dx = lax.dot_general(g, w, (((g.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32)  # [..., in]
-    g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])  # [rows, out], [rows, in]
-    dw = lax.dot_general(g2, x2, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)  # [out, in]
+    dx, dw = _float32_cotangents(g.astype(x.dtype), x, w)
     return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
 _bfloat16_matmul_t.defvjp(_bfloat16_matmul_t_fwd, _bfloat16_matmul_t_bwd)
+
+
+@jax.custom_vjp
+def _autocast_matmul_t(x: Any, w: Any) -> Any:
+    """``x [..., in]`` float32 ``@ w [out, in].T`` bfloat16 -> float32 ``[..., out]``: ``x`` rounded
+    to bfloat16, float32 sums and results (``torch.autocast``'s CPU ``linear``); the cotangent
+    products round the cotangent to bfloat16 too, ``x``'s coming back float32 and ``w``'s
+    bfloat16."""
+    return _float32_dot_t(x.astype(jnp.bfloat16), w)
+
+
+def _autocast_matmul_t_fwd(x: Any, w: Any) -> tuple[Any, tuple[Any, Any]]:
+    xb = x.astype(jnp.bfloat16)  # [..., in]
+    return _float32_dot_t(xb, w), (xb, w)  # [..., out]
+
+
+def _autocast_matmul_t_bwd(res: tuple[Any, Any], g: Any) -> tuple[Any, Any]:
+    xb, w = res
+    dx, dw = _float32_cotangents(g.astype(jnp.bfloat16), xb, w)
+    return dx, dw.astype(w.dtype)  # float32 [..., in], bfloat16 [out, in]
+
+
+_autocast_matmul_t.defvjp(_autocast_matmul_t_fwd, _autocast_matmul_t_bwd)
 
 
 # -- the policies ------------------------------------------------------------------------------
@@ -423,6 +485,7 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
         bfloat16_float32_dots=True,
         bfloat16_remat=True,
         bfloat16_stack_bits=True,
+        bfloat16_autocast=not _amx.AMX_FLAGS <= flags,
         xla_options=(("xla_cpu_use_xnnpack", False),),
         wide_vector_options=(("xla_cpu_prefer_vector_width", 512),) if avx512 else (),
         cpu_features=flags,

@@ -69,14 +69,15 @@ def trainable_state(module: Any, dtype: Any = DType.float32) -> dict[str, jax.Ar
     return {fqn: _float_value(w, values[fqn], d) for fqn, w in module._named_weights()}
 
 
-def dequantized(module: Any, dtype: Any = DType.float32) -> Any:
+def dequantized(module: Any, dtype: Any = DType.float32, activation_dtype: Any = None) -> Any:
     """A copy of ``module`` with every weight a plain float array of ``dtype`` (the module is not changed).
 
     Quantized weights become float weights of their logical shape (dequantized bit-identically,
     then cast), float weights are cast to ``dtype``; the copy's graphs then run plain float
-    matmuls, and ``jax.grad`` differentiates every weight. With ``bfloat16``, modules' ``dtype``
-    attributes (the activation dtype of ``LlamaForCausalLM``) become bfloat16 too, so weights and
-    activations agree; logits stay float32.
+    matmuls, and ``jax.grad`` differentiates every weight. Modules' ``dtype`` attributes (the
+    activation dtype of ``LlamaForCausalLM``) become ``activation_dtype`` (default: ``dtype``, so
+    that with ``bfloat16`` weights and activations agree; a bfloat16 ``Trainer`` under the
+    policy's ``bfloat16_autocast`` passes float32); logits stay float32.
 
     The copy shares no Weight with ``module``; tied weights stay tied. About 4 (float32) or 2
     (bfloat16) bytes per parameter.
@@ -85,6 +86,7 @@ def dequantized(module: Any, dtype: Any = DType.float32) -> Any:
         ValueError: ``dtype`` is not float32/bfloat16; a weight with no value or an integer one.
     """
     d = _check_dtype(dtype)
+    act = d if activation_dtype is None else _check_dtype(activation_dtype)
     values = module.state_dict(auto_initialize=False)
     named = module._named_weights()
     arrays = {fqn: _float_value(w, values[fqn], d) for fqn, w in named}
@@ -100,7 +102,7 @@ def dequantized(module: Any, dtype: Any = DType.float32) -> Any:
         w.retype(None, d, a.shape)
     for _, m in new.named_modules():
         if isinstance(getattr(m, "dtype", None), DType) and m.dtype.is_float():
-            m.dtype = d
+            m.dtype = act
     new.load_state_dict(arrays)
     return new
 

@@ -35,6 +35,13 @@ optimizer state stay float32: each step casts them to bfloat16 for the forward p
 gradients come back through the cast as float32. Frozen weights are stored in bfloat16 (half the
 memory); frozen GGUF-quantized weights are dequantized to bfloat16 once, at construction. No loss
 scaling: bfloat16 has float32's exponent range, so gradients do not underflow.
+Where the backend policy says ``bfloat16_autocast`` (CPUs without AMX-BF16), the step follows
+``torch.autocast``'s recipe instead: the weights are the same bfloat16 copy, but the activations,
+norms, attention and loss stay float32, and each stored-weight product rounds its float32
+operand to bfloat16 and returns float32 sums (:attr:`Trainer.autocast`; the program's policy has
+``autocast`` set); its recomputed layers keep those products' float32 results for the backward
+pass (a SmolLM2 LoRA step on a 2-core Zen 5 EPYC: 1.19x the tokens/s of bfloat16 activations,
+and a loss curve closer to float32's).
 :meth:`Trainer.state_dict` then gives the trainable weights in float32 and the frozen ones in
 bfloat16 (what the step ran with).
 
@@ -52,6 +59,7 @@ arithmetic, and the tiles give the weights back exactly. :attr:`Trainer.laid_out
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from typing import Any, Iterable, Mapping, NamedTuple
@@ -194,11 +202,16 @@ class Trainer:
             raise ValueError(f"the mesh has axes {tuple(mesh.axis_names)}, not the data axis {data_axis!r}")
         module.raw_state_dict()  # every weight by its fully-qualified name before tracing
         master = None
+        #: bfloat16 steps in the policy's autocast recipe (``bfloat16_autocast``): float32 activations,
+        #: bfloat16 operands of the stored-weight products
+        self.autocast = compute_dtype == "bfloat16" and resolved.bfloat16_autocast
         if compute_dtype == "bfloat16":  # trace a bfloat16 copy; keep the float32 values as masters
             from maxjax.train.trainable import dequantized
 
             master = module.state_dict(auto_initialize=False)
-            module = dequantized(module, DType.bfloat16)
+            module = dequantized(module, DType.bfloat16, DType.float32 if self.autocast else None)
+        if self.autocast:
+            policy = dataclasses.replace(resolved, autocast=True)
         self.graph = Graph("train_step", forward=module, input_types=[TensorType(DType.int32, ["batch", "seq"])])
         self.program = Program(
             self.graph, scan=scan, remat=remat, quantized_layout=quantized_layout, policy=policy, layer_weights="stacked"
