@@ -335,11 +335,14 @@ enum class Kind : int64_t { kQ4_0 = 0, kQ8_0 = 2 };  // layouts.cc's numbering
 // bytes of a row of `cols` values (18-byte Q4_0 blocks, 34-byte Q8_0 ones)
 inline int64_t mapped_row_bytes(int64_t kind, int64_t cols) { return cols / 32 * (kind == int64_t(Kind::kQ4_0) ? 18 : 34); }
 
-// Two rows are read at once, two streams: each is read 8 KiB ahead (2-core AVX-512 Xeon, one
-// activation row, Q4_0 stacks of 32 x [2048, 8192], 32 x [8192, 2048] and 64 x [2048, 2048]:
-// 0.79, 1.0 and 1.0x the nibbles kernel's speed 2 KiB ahead, 1.15, 1.05 and 1.05x 8 KiB ahead;
-// 1 KiB ahead was slower still)
-constexpr int64_t kMappedPrefetch = 8192;
+// Two rows are read at once, two streams: each is read about 450 blocks ahead, 8 KiB of Q4_0 and
+// 16 KiB of Q8_0 (2-core AVX-512 Xeon, one activation row, Q4_0 stacks of 32 x [2048, 8192],
+// 32 x [8192, 2048] and 64 x [2048, 2048]: 0.79, 1.0 and 1.0x the nibbles kernel's speed 2 KiB
+// ahead, 1.15, 1.05 and 1.05x 8 KiB ahead; 1 KiB ahead was slower still. 2-core Zen 5 EPYC, one
+// row, 16 x [2048, 8192]: Q8_0 12.6-14.7 ms 8 KiB ahead, 7.1-7.5 ms 16 KiB ahead, 7.3-7.4 ms
+// 32 KiB ahead; Q4_0 5.1-5.2, 5.2-5.5 and 5.8-6.0 ms)
+template <Kind K>
+constexpr int64_t kMappedPrefetch = K == Kind::kQ4_0 ? 8192 : 16384;
 
 // d[i] = the float16 at p + i * stride, i < n, widened (each block's scale leads the block).
 inline void gather_half(const uint8_t* p, int64_t stride, int64_t n, float* d) {
@@ -390,7 +393,7 @@ void mapped_pass(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, in
       V w0[R], w1[R];
       for (int i = 0; i < R; ++i) {
         const uint8_t* blk = p[i] + b * kBlock;
-        if (K == Kind::kQ8_0 || (b & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(blk) + kMappedPrefetch, _MM_HINT_T0);  // a line or less apart
+        if (K == Kind::kQ8_0 || (b & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(blk) + kMappedPrefetch<K>, _MM_HINT_T0);  // a line or less apart
         if (K == Kind::kQ4_0) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
           // the block's 16 values d * (q - 8) (exact) as a table, looked up by each nibble: one
