@@ -4,7 +4,7 @@ XLA:CPU's fused dequantize-and-dot of a 4-bit weight and one activation row unpa
 values/s on two AVX-512 cores, well below memory speed (a Q4_0 ``[8192, 2048]`` weight: 2.2 ms,
 4.3 GB/s, ``benchmarks/results/native_matmul_avx512.txt``), and it copies a stacked layer's slice
 before reading it. ``matvec.cc`` does the same float32 arithmetic in a loop that unpacks 16 values
-per instruction, prefetches the weight 2 KiB ahead, splits the rows over XLA's intra-op thread
+per instruction, prefetches the weight 8 KiB ahead, splits the rows over XLA's intra-op thread
 pool and takes a stacked weight's layer index as an operand (0.94 ms for the same weight, 10.1
 GB/s, before the prefetch; with it, in an interleaved A/B for commit c520cfd, a Q4_0 stack larger
 than the cache read layer by layer at one row went from 10.7 to 13.0 GB/s and Llama-3.2-1B Q4_0's
