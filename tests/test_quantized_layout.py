@@ -179,6 +179,24 @@ def test_matmul_t_on_either_side_of_the_weight_left_range(lead):
     np.testing.assert_allclose(np.asarray(grad), 2 * expected @ w.astype(np.float64), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_stored_weight_is_contracted_in_its_stored_layout(dtype):
+    """A stored weight (``stored=True``: a float ``Linear``) of the activations' dtype is one
+    ``dot_general`` over its axis 1, with no transpose for XLA:CPU to materialise (one row of a
+    float32 [2048, 8192] weight: 97 ms transposed, 3.8 ms in place), and the platform policy's
+    ``autocast`` is off, so equal dtypes never take the autocast product."""
+    cpu = policy_for("cpu")
+    assert not cpu.autocast
+    w = jax.numpy.asarray(RNG.standard_normal((48, 64)), dtype)  # [out, in]
+    x = jax.numpy.asarray(RNG.standard_normal((1, 64)), dtype)
+    hlo = jax.jit(lambda x, w: cpu.matmul_t(x, w, stored=True)).lower(x, w).as_text()
+    assert "transpose" not in hlo and hlo.count("dot_general") == 1, hlo
+    assert "contracting_dims = [1] x [1]" in hlo, hlo
+    out = np.asarray(cpu.matmul_t(x, w, stored=True), np.float64)
+    want = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
+    np.testing.assert_allclose(out, want, rtol=1e-5 if dtype == "float32" else 2**-7, atol=1e-5 if dtype == "float32" else 5e-2)
+
+
 def test_a_new_encoding_is_one_class():
     """An int8-per-row encoding, written here as one QuantizedArray subclass and registered for an
     encoding maxjax does not run itself (GPTQ stands in), runs through Weight, ops.qmatmul,

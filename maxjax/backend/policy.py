@@ -324,13 +324,13 @@ class BackendPolicy:
         """
         if isinstance(w, _amx.AmxWeight):  # laid out for the AMX kernel when the program was prepared
             return _amx.matmul_t(x, w)
+        if stored and self.autocasts(x, w):
+            return _autocast_matmul_t(x, w)
         if stored and w.ndim == 2 and x.dtype == w.dtype:
             if self.precision == lax.Precision.HIGH and self.platform == "cpu" and _amx_takes(x, w):
                 return _amx.matmul_t(x, w)
             if self.bfloat16_float32_dots and x.dtype == jnp.bfloat16:
                 return _bfloat16_matmul_t(x, w)
-        if stored and self.autocasts(x, w):
-            return _autocast_matmul_t(x, w)
             return lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), precision=self.precision)
         rows = math.prod(x.shape[:-1])  # symbolic while a Graph is built with symbolic dimensions
         n = 0 if stored else self.weight_left_max_rows
