@@ -27,7 +27,9 @@ token batches made here in the parent:
     5. ``hf_lora_ftz``: the same with ``torch.set_flush_denormal(True)`` (XLA:CPU flushes
        denormals; torch's default does not, and its CPU kernels slow down on them);
     6. ``maxjax_lora_bf16``: ``maxjax_lora`` with ``Trainer(compute_dtype="bfloat16")`` (float32
-       master weights and AdamW state, bfloat16 forward and backward; on a CPU without
+       master weights and AdamW state, bfloat16 forward and backward: in the policy's
+       ``bfloat16_autocast`` recipe on CPUs without AMX-BF16, float32 activations and bfloat16
+       operands of the weight products, as torch.autocast; on a CPU without
        ``avx512_bf16``/``amx_bf16`` the policy's refusal is overridden, ``bfloat16_matmul=True``,
        so the figures show XLA's emulation there: the record says which);
     7. ``hf_lora_bf16``: ``hf_lora`` with the forward under ``torch.autocast("cpu",
