@@ -185,6 +185,17 @@ def warm(path: str) -> None:
             pass
 
 
+def _is_maxjax(key: str) -> bool:
+    """Whether a row's key names a maxjax engine: ``maxjax`` or ``maxjax[LAYOUT]`` (``--also-layout``)."""
+    return key == "maxjax" or key.startswith("maxjax[")
+
+
+def _ratios(m: dict, l: dict) -> dict[str, float]:
+    """maxjax engine ``m``'s figures over llama.cpp's ``l``: load time, peak RSS, decode, TTFT."""
+    return {"load_time": m["load_s"] / l["load_s"], "peak_rss": m["peak_rss"] / l["peak_rss"],
+            "decode": m["decode_tok_s"] / l["decode_tok_s"], "ttft": m["ttft_s"] / l["ttft_s"]}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1b", help="synthetic sizes: 1b,3b,8b")
@@ -241,7 +252,7 @@ def main() -> None:
         if also and not os.path.isdir(path):
             row[also] = run([sys.executable], {"engine": "maxjax", "model": path, "steps": a.steps, "quantized_layout": a.also_layout}, a.timeout)
         rows.append(row)
-        engines = [k for k in row if k == "maxjax" or k.startswith("maxjax[") or k == "llama.cpp"]
+        engines = [k for k in row if _is_maxjax(k) or k == "llama.cpp"]
         print(json.dumps({k: v for k, v in row.items() if k not in engines}), flush=True)
         for eng in engines:
             r = row.get(eng)
@@ -255,13 +266,11 @@ def main() -> None:
                   + (f"  compile {r['compile_s']:.1f} s ({r['quantized_layout']})" if eng.startswith("maxjax") else ""))  # fmt: skip
         if "llama.cpp" in row and "error" not in row["llama.cpp"] and "error" not in mj:
             l = row["llama.cpp"]
-            row["ratios"] = {"load_time": mj["load_s"] / l["load_s"], "peak_rss": mj["peak_rss"] / l["peak_rss"],
-                             "decode": mj["decode_tok_s"] / l["decode_tok_s"], "ttft": mj["ttft_s"] / l["ttft_s"]}  # fmt: skip
+            row["ratios"] = _ratios(mj, l)
             print("  maxjax/llama.cpp: " + ", ".join(f"{k} {v:.2f}x" for k, v in row["ratios"].items()))
             o = row.get(also) if also else None
             if o and "error" not in o:
-                row["ratios_" + also] = {"load_time": o["load_s"] / l["load_s"], "peak_rss": o["peak_rss"] / l["peak_rss"],
-                                         "decode": o["decode_tok_s"] / l["decode_tok_s"], "ttft": o["ttft_s"] / l["ttft_s"]}  # fmt: skip
+                row["ratios_" + also] = _ratios(o, l)
                 print(f"  {also}/llama.cpp: " + ", ".join(f"{k} {v:.2f}x" for k, v in row["ratios_" + also].items()))
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = {"machine": platform.platform(), "cpu_vector_features": features, "cores": cores,
@@ -281,7 +290,7 @@ def plot(rows: list[dict], features: dict, path: pathlib.Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, (key, label, scale) in zip(axes, [("load_s", "load time (s)", 1), ("peak_rss", "peak RSS (MB)", 1e-6),
                                               ("decode_tok_s", "batch-1 decode (tok/s)", 1)]):  # fmt: skip
-        engines = sorted({k for r in rows for k in r if k == "maxjax" or k.startswith("maxjax[")}) + ["llama.cpp"]
+        engines = sorted({k for r in rows for k in r if _is_maxjax(k)}) + ["llama.cpp"]
         for eng, marker in zip(engines, ("o", "^", "v", "s") if len(engines) > 2 else ("o", "s")):
             marker = "s" if eng == "llama.cpp" else marker
             for qtype in sorted({r["type"] for r in rows}):

@@ -161,8 +161,5 @@ def test_a_model_loads_identically_either_way(tmp_path):
     for x, y in zip(a, b):
         assert (x.dtype, x.shape) == (y.dtype, y.shape) and np.asarray(x).tobytes() == np.asarray(y).tobytes()
     ids = np.asarray([host.encode_prompt("Hello there")], np.int32)
-    outs = []
-    for lm in (host, xla):
-        k, v = lm.new_cache(1, 16)
-        outs.append(np.asarray(lm.prefill(ids, [ids.shape[1]], k, v)[1]))
+    outs = [np.asarray(lm.prefill(ids, [ids.shape[1]], *lm.new_cache(1, 16))[1]) for lm in (host, xla)]
     np.testing.assert_array_equal(outs[0], outs[1])

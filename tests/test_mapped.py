@@ -157,10 +157,7 @@ def test_a_q4_0_model_is_read_in_place_and_decodes_as_nibbles(tiny):
     assert len({x.file.unsafe_buffer_pointer() for x in weights}) == 1
     assert any(x.order is not None for x in weights)  # q_proj / k_proj: llama.cpp's permutation undone
     ids = np.asarray([lm.encode_prompt("Hello there, how are")], np.int32)
-    logits = []
-    for m in (lm, ref):
-        k, v = m.new_cache(1, 32)
-        logits.append(np.asarray(m.prefill(ids, [ids.shape[1]], k, v)[1]))
+    logits = [np.asarray(m.prefill(ids, [ids.shape[1]], *m.new_cache(1, 32))[1]) for m in (lm, ref)]
     np.testing.assert_array_equal(logits[0], logits[1])
     (a,) = lm.generate(["Hello there"], max_new_tokens=8, stop_at_eos=False)
     (b,) = ref.generate(["Hello there"], max_new_tokens=8, stop_at_eos=False)

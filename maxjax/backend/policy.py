@@ -51,7 +51,8 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   two row streams about 450 blocks ahead along its own rows (8 KiB of Q4_0, 16 KiB of Q8_0: on
   a 2-core Zen 5 EPYC, Q8_0 decode went 0.84x -> 1.04x llama.cpp against 8 KiB, and 8B Q4_0
   0.93x -> 1.08x once the distance ran along each stream's rows); ``benchmarks/results/
-  scale_mapped_avx512.txt`` and ``scale_zen5_avx512.txt`` have 1B to 8B against llama.cpp). AVX2 CPUs (no 16-entry table in one register; unmeasured), GPU, TPU: ``()``.
+  scale_mapped_avx512.txt`` and ``scale_zen5_avx512.txt`` have 1B to 8B against llama.cpp).
+  AVX2 CPUs (no 16-entry table in one register; unmeasured), GPU, TPU: ``()``.
 - ``weight_left_max_rows``: for ``x @ w.T`` with 2 to this many rows in ``x`` (batched decode),
   compute ``(w @ x.T).T`` with the weight as the GEMM's left operand, behind an
   ``optimization_barrier`` so XLA keeps that order (XLA:CPU's GEMM re-lays a ``[out, in]`` right

@@ -334,8 +334,30 @@ ffi::Error UnpackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::An
 // ---- GGUF blocks read in place ------------------------------------------------------------------
 enum class Kind : int64_t { kQ4_0 = 0, kQ8_0 = 2 };  // layouts.cc's numbering
 
-// bytes of a row of `cols` values (18-byte Q4_0 blocks, 34-byte Q8_0 ones)
-inline int64_t mapped_row_bytes(int64_t kind, int64_t cols) { return cols / 32 * (kind == int64_t(Kind::kQ4_0) ? 18 : 34); }
+// bytes of a block of 32 values: a float16 scale, then 16 bytes of nibbles (Q4_0) or 32 int8 (Q8_0)
+template <Kind K>
+constexpr int64_t kBlockBytes = K == Kind::kQ4_0 ? 18 : 34;
+
+// bytes of a row of `cols` values
+inline int64_t mapped_row_bytes(int64_t kind, int64_t cols) {
+  return cols / 32 * (kind == int64_t(Kind::kQ4_0) ? kBlockBytes<Kind::kQ4_0> : kBlockBytes<Kind::kQ8_0>);
+}
+
+// A block's 32 values at scale `d`, as float32 w0 (the first 16) and w1: Q4_0 d * (q - 8), exact,
+// as fma(q, d, c) with c = -8 d; Q8_0 d * q (c unused).
+template <Kind K>
+inline void decode_block(const uint8_t* blk, float d, float c, V& w0, V& w1) {
+  const V vd = vbcast(d);
+  if (K == Kind::kQ4_0) {
+    V lo, hi;
+    nibbles16(blk + 2, lo, hi);
+    const V vc = vbcast(c);
+    w0 = vfma(lo, vd, vc), w1 = vfma(hi, vd, vc);
+  } else {
+    w0 = vmul(bytes16(reinterpret_cast<const int8_t*>(blk + 2)), vd);
+    w1 = vmul(bytes16(reinterpret_cast<const int8_t*>(blk + 18)), vd);
+  }
+}
 
 // Two rows are read at once, two streams: each is read about 450 blocks ahead, 8 KiB of Q4_0 and
 // 16 KiB of Q8_0 (2-core AVX-512 Xeon, one activation row, Q4_0 stacks of 32 x [2048, 8192],
@@ -367,7 +389,7 @@ inline void gather_half(const uint8_t* p, int64_t stride, int64_t n, float* d) {
 // activation rows [m0, m0 + MB): R sums in flight per activation row.
 template <Kind K, int MB, int R>
 void mapped_pass(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, int64_t cols, int64_t m0, int64_t r, float* out) {
-  constexpr int64_t kBlock = K == Kind::kQ4_0 ? 18 : 34;
+  constexpr int64_t kBlock = kBlockBytes<K>;
   constexpr int64_t kScales = 16;  // blocks whose scales are gathered at once
   const int64_t nb = cols / 32;
   // The scales of the next 16 blocks are gathered and widened together, from lines the prefetch
@@ -398,7 +420,7 @@ void mapped_pass(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, in
     for (int i = 0; i < R; ++i) {
       gather_half(p[i] + s * kBlock, kBlock, n, d[i]);
 #if !(defined(__AVX512F__) && defined(__AVX512BW__))
-      for (int64_t k = 0; k < n; ++k) c[i][k] = -8.f * d[i][k];
+      for (int64_t k = 0; k < n; ++k) c[i][k] = -8.f * d[i][k];  // decode_block's Q4_0 offset
 #endif
     }
     for (int64_t k = 0; k < n; ++k) {
@@ -409,25 +431,18 @@ void mapped_pass(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, in
         if (K == Kind::kQ8_0 || (b & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(ahead[i]), _MM_HINT_T0);  // a line or less apart
         ahead[i] += kBlock, left[i] -= kBlock;
         if (left[i] <= 0) ahead[i] += (R - 1) * bpr, left[i] += bpr;  // on into the stream's next row
-        if (K == Kind::kQ4_0) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
+        if (K == Kind::kQ4_0) {
           // the block's 16 values d * (q - 8) (exact) as a table, looked up by each nibble: one
           // permute per 16 values in place of a convert and an FMA
           const __m512 table = _mm512_mul_ps(kCentered, _mm512_set1_ps(d[i][k]));
           const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
           w0[i] = {_mm512_permutexvar_ps(q, table)};  // the permute reads an index's low 4 bits
           w1[i] = {_mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table)};
-#else
-          V lo, hi;
-          nibbles16(blk + 2, lo, hi);
-          const V vd = vbcast(d[i][k]), vc = vbcast(c[i][k]);  // d * (q - 8), exact, in one FMA
-          w0[i] = vfma(lo, vd, vc), w1[i] = vfma(hi, vd, vc);
-#endif
-        } else {
-          const V vd = vbcast(d[i][k]);
-          w0[i] = vmul(bytes16(reinterpret_cast<const int8_t*>(blk + 2)), vd);
-          w1[i] = vmul(bytes16(reinterpret_cast<const int8_t*>(blk + 18)), vd);
+          continue;
         }
+#endif
+        decode_block<K>(blk, d[i][k], K == Kind::kQ4_0 ? c[i][k] : 0.f, w0[i], w1[i]);  // (Q4_0 here: no AVX-512)
       }
       for (int j = 0; j < MB; ++j) {
         const float* xm = x + (m0 + j) * cols + 32 * b;
@@ -503,28 +518,18 @@ ffi::Error MappedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
 // the product's, written 16 at a time.
 template <Kind K>
 void dequantize_rows(ffi::ThreadPool& pool, const uint8_t* w, int64_t bpr, int64_t count, int64_t cols, float* out) {
-  constexpr int64_t kBlock = K == Kind::kQ4_0 ? 18 : 34;
   const int64_t nb = cols / 32;
   parallel_for(pool, count, count * cols, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const uint8_t* p = w + r * bpr;
       float* o = out + r * cols;
       for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = p + b * kBlock;
+        const uint8_t* blk = p + b * kBlockBytes<K>;
         uint16_t h;
         std::memcpy(&h, blk, 2);
         const float d = _cvtsh_ss(h);
         V w0, w1;
-        if (K == Kind::kQ4_0) {
-          V lo, hi;
-          nibbles16(blk + 2, lo, hi);
-          const V vd = vbcast(d), vc = vbcast(-8.f * d);
-          w0 = vfma(lo, vd, vc), w1 = vfma(hi, vd, vc);
-        } else {
-          const V vd = vbcast(d);
-          w0 = vmul(bytes16(reinterpret_cast<const int8_t*>(blk + 2)), vd);
-          w1 = vmul(bytes16(reinterpret_cast<const int8_t*>(blk + 18)), vd);
-        }
+        decode_block<K>(blk, d, -8.f * d, w0, w1);
         vstore(o + 32 * b, w0);
         vstore(o + 32 * b + 16, w1);
       }
