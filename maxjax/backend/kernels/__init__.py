@@ -204,7 +204,7 @@ def supports(w: Any, rows: int | None = None) -> bool:
     return cols % groups == 0 and (cols // groups) % 16 == 0 and np.dtype(w.values.dtype) in (np.int8, np.uint8)
 
 
-def quantized_matmul(x: Any, w: Any, layer: Any = None) -> jax.Array:
+def quantized_matmul(x: Any, w: Any, layer: Any = None, activations: str = "float32") -> jax.Array:
     """``x @ W.T`` for a quantized weight ``w`` that :func:`supports` takes.
 
     Args:
@@ -213,14 +213,20 @@ def quantized_matmul(x: Any, w: Any, layer: Any = None) -> jax.Array:
             :class:`~maxjax.graph.quantization.arrays.UnpackedArray` of logical shape ``[rows,
             cols]``, or a stack of them ``[layers, rows, cols]`` (leaves with a leading layer axis).
         layer: int32 scalar, the layer of a stacked ``w`` (clamped into range); None for a 2-D one.
+        activations: ``"float32"``, or ``"Q8_0"`` for a ``mapped`` Q4_0 weight: each row of ``x``
+            is quantized per 32-value block to Q8_0 and each block's product is an integer dot
+            scaled by both blocks' scales (llama.cpp's ``ggml_vec_dot_q4_0_q8_0`` arithmetic;
+            see ``matvec.cc``). Its cotangent is the float32 one.
 
     Returns:
         float32 ``[..., rows]``: the float32 product of the weight's values (the sum's order is the
-        kernel's). Differentiable in ``x``; the weight is a constant.
+        kernel's), or with ``"Q8_0"`` activations, of the quantized activations. Differentiable in
+        ``x``; the weight is a constant.
 
     Raises:
         ValueError: a weight the kernels do not take; ``x`` not float32 or its features not
-            ``cols``; a layer index for a 2-D weight or none for a stack.
+            ``cols``; a layer index for a 2-D weight or none for a stack; ``"Q8_0"`` activations
+            for another weight than a mapped Q4_0 one, or unknown ``activations``.
         RuntimeError: the kernels cannot run here (:func:`unavailable_reason` says why).
     """
     reason = _load()
@@ -234,15 +240,24 @@ def quantized_matmul(x: Any, w: Any, layer: Any = None) -> jax.Array:
         raise ValueError(f"quantized_matmul: x has {x.shape[-1]} features (shape {tuple(x.shape)}) but {w!r} has {w.shape[-1]} columns")
     if (w.ndim == 3) != (layer is not None):
         raise ValueError(f"quantized_matmul: {w!r} needs {'a layer index' if w.ndim == 3 else 'no layer index'}")
-    return _product(x, w, layer)
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"quantized_matmul: activations must be one of {ACTIVATIONS}, got {activations!r}")
+    if activations == "Q8_0" and not (w.layout == "mapped" and w.encoding.value == "Q4_0"):
+        raise ValueError(f"quantized_matmul: Q8_0 activations multiply a mapped Q4_0 weight only, not {w!r} (layout {w.layout!r})")
+    return _product(activations, x, w, layer)
 
 
-def _forward(x: Any, w: Any, layer: Any) -> jax.Array:
+#: what :func:`quantized_matmul`'s ``activations`` may be: as given, or quantized to Q8_0 blocks
+ACTIVATIONS = ("float32", "Q8_0")
+
+
+def _forward(activations: str, x: Any, w: Any, layer: Any) -> jax.Array:
     if w.layout == "mapped":  # the file's blocks, in place
         lead, cols, rows = x.shape[:-1], x.shape[-1], w.shape[-2]
         flat = x.reshape(math.prod(lead), cols)
         call = jax.ffi.ffi_call("maxjax_mapped_matmul", jax.ShapeDtypeStruct((flat.shape[0], rows), jnp.float32), vmap_method="sequential")
-        out = call(flat, w.file, w.offsets.reshape(-1), _layer(layer), kind=np.int64(_MAPPED_KIND[w.encoding.value]))
+        kind = np.int64(_MAPPED_KIND[w.encoding.value])
+        out = call(flat, w.file, w.offsets.reshape(-1), _layer(layer), kind=kind, activations=np.int64(ACTIVATIONS.index(activations)))
         return out.reshape(*lead, rows)
     target = "maxjax_nibbles_matmul" if w.layout == "nibbles" else "maxjax_unpacked_matmul"
     lead, cols, rows = x.shape[:-1], x.shape[-1], w.shape[-2]
@@ -274,16 +289,16 @@ def mapped_rows(w: Any, start: Any, count: int, layer: Any = None) -> jax.Array:
     return call(w.file, w.offsets.reshape(-1), _layer(layer), jnp.asarray(start, jnp.int32).reshape(()), kind=np.int64(_MAPPED_KIND[w.encoding.value]))
 
 
-@jax.custom_vjp
-def _product(x: Any, w: Any, layer: Any) -> jax.Array:
-    return _forward(x, w, layer)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _product(activations: str, x: Any, w: Any, layer: Any) -> jax.Array:
+    return _forward(activations, x, w, layer)
 
 
-def _product_fwd(x: Any, w: Any, layer: Any) -> tuple[jax.Array, Any]:
-    return _forward(x, w, layer), (w, layer)
+def _product_fwd(activations: str, x: Any, w: Any, layer: Any) -> tuple[jax.Array, Any]:
+    return _forward(activations, x, w, layer), (w, layer)
 
 
-def _product_bwd(res: Any, g: Any) -> tuple[Any, None, None]:
+def _product_bwd(activations: str, res: Any, g: Any) -> tuple[Any, None, None]:
     w, layer = res  # the cotangent of x: g @ W, W [rows, cols] dequantized by its layout's class
     if layer is not None:
         w = w.layer(layer)
