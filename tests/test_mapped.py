@@ -66,6 +66,65 @@ def test_kernel_is_bit_identical_to_the_converted_layouts(enc, layers, rows, col
         np.testing.assert_array_equal(rows_out, want_w[i][2 : rows - 1])
 
 
+def _q4_0_q8_0_reference(packed: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``x @ W.T`` in llama.cpp's Q4_0 x Q8_0 arithmetic, in NumPy: each row of ``x`` quantized per
+    32 values (d = max |x| / 127 in float32, q = round-half-even(x * (1 / d))), each block's
+    integer dot with the weight's q - 8, times both scales, summed in float64."""
+    rows = packed.shape[0]
+    blocks = packed.reshape(rows, -1, 18)
+    dw = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float64)  # [rows, blocks]
+    q4 = np.concatenate([blocks[..., 2:] & 15, blocks[..., 2:] >> 4], -1).astype(np.int64) - 8  # [rows, blocks, 32]
+    xb = x.reshape(x.shape[0], -1, 32)
+    d = (np.abs(xb).max(-1) / np.float32(127)).astype(np.float32)  # [m, blocks]
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    q8 = np.rint(xb * inv[..., None]).astype(np.int64)
+    dots = np.einsum("rbj,mbj->mrb", q4, q8)  # exact integers
+    return (dots * dw[None] * d[:, None, :].astype(np.float64)).sum(-1)
+
+
+@pytest.mark.parametrize("layers,rows,cols", [(None, 64, 256), (3, 131, 576)])
+def test_q8_0_activations_are_llama_cpps_arithmetic(layers, rows, cols):
+    """``activations="Q8_0"`` with a mapped Q4_0 weight (2-D, or each layer of a stack; an odd
+    number of rows; SmolLM2's 576 columns) gives llama.cpp's Q4_0 x Q8_0 products (a NumPy
+    reference of ``quantize_row_q8_0`` and ``ggml_vec_dot_q4_0_q8_0``) up to float32 summation,
+    for 1 to 9 activation rows, an all-zero block among them; those differ from the float32
+    products by the activations' rounding; and its cotangent is the float32 product's."""
+    n = layers or 1
+    packed = np.stack([_blocks(E.Q4_0, rows, cols, 40 + s) for s in range(n)])
+    mapped = to_layout("mapped", E.Q4_0, jnp.asarray(packed if layers else packed[0]))
+    for m in (1, 2, 9):
+        x = RNG.standard_normal((m, cols)).astype(np.float32) * 2
+        x[0, 32:64] = 0
+        for i in range(n):
+            layer = None if layers is None else jnp.int32(i)
+            got = np.asarray(kernels.quantized_matmul(jnp.asarray(x), mapped, layer, activations="Q8_0"))
+            want = _q4_0_q8_0_reference(packed[i], x)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+            exact = np.asarray(kernels.quantized_matmul(jnp.asarray(x), mapped, layer))
+            err = np.abs(got - exact).max() / np.abs(exact).max()
+            assert 1e-5 < err < 2e-2, err  # the activations' int8 rounding, no more
+    x = jnp.asarray(RNG.standard_normal((2, cols)).astype(np.float32))
+    layer = None if layers is None else jnp.int32(n - 1)
+    g = [jax.grad(lambda x, a=a: kernels.quantized_matmul(x, mapped, layer, activations=a).sum())(x) for a in ("Q8_0", "float32")]
+    np.testing.assert_array_equal(np.asarray(g[0]), np.asarray(g[1]))
+
+
+def test_q8_0_activations_are_refused_where_they_cannot_run():
+    """Q8_0 activations are for mapped Q4_0 weights: another encoding or layout is refused by
+    the wrapper with its name, an unknown value too, and a negative policy bound."""
+    x = jnp.ones((1, 64), jnp.float32)
+    q8 = to_layout("mapped", E.Q8_0, jnp.asarray(_blocks(E.Q8_0, 8, 64, 1)))
+    nib = to_layout("nibbles", E.Q4_0, jnp.asarray(_blocks(E.Q4_0, 8, 64, 1)))
+    for w in (q8, nib):
+        with pytest.raises(ValueError, match="Q8_0 activations multiply a mapped Q4_0 weight only"):
+            kernels.quantized_matmul(x, w, activations="Q8_0")
+    q4 = to_layout("mapped", E.Q4_0, jnp.asarray(_blocks(E.Q4_0, 8, 64, 1)))
+    with pytest.raises(ValueError, match="activations must be one of"):
+        kernels.quantized_matmul(x, q4, activations="int8")
+    with pytest.raises(ValueError, match="q8_activations_max_rows must be at least 0"):
+        BackendPolicy(platform="cpu", q8_activations_max_rows=-1)
+
+
 def _mapped_file(tmp_path: Path, layers: list[np.ndarray], gap: int = 96) -> tuple[MappedFile, list[int]]:
     """The layers written to a file at 32-byte aligned offsets, ``gap`` bytes of junk between them."""
     path = tmp_path / "weights.bin"
@@ -149,7 +208,7 @@ def test_a_q4_0_model_is_read_in_place_and_decodes_as_nibbles(tiny):
     from maxjax.graph.quantization import QuantizedArray
     from maxjax.models import load_model
 
-    policy = dataclasses.replace(policy_for("cpu"), mapped_encodings=("Q4_0", "Q8_0"))
+    policy = dataclasses.replace(policy_for("cpu"), mapped_encodings=("Q4_0", "Q8_0"), q8_activations_max_rows=0)
     lm = load_model(tiny, policy=policy)
     ref = load_model(tiny, quantized_layout="nibbles")
     weights = [x for x in jax.tree.leaves(lm.state, is_leaf=lambda x: isinstance(x, QuantizedArray)) if isinstance(x, QuantizedArray)]
@@ -162,6 +221,30 @@ def test_a_q4_0_model_is_read_in_place_and_decodes_as_nibbles(tiny):
     (a,) = lm.generate(["Hello there"], max_new_tokens=8, stop_at_eos=False)
     (b,) = ref.generate(["Hello there"], max_new_tokens=8, stop_at_eos=False)
     assert a.token_ids == b.token_ids
+
+
+def test_batch_1_products_take_q8_0_activations_unless_float32_is_asked_for(tiny):
+    """With the policy's ``q8_activations_max_rows`` at 1, a Q4_0 model read in place runs its
+    one-row products (the prompt's last-position head, each decode step) with Q8_0 activations:
+    logits close to the float32 ones but not equal, the same greedy tokens as far as the tiny
+    model's margins allow; ``arithmetic="float32"`` gives the nibbles layout's logits bit for bit
+    again, and a 2-row decode step is the float32 one in both."""
+    from maxjax.models import load_model
+
+    policy = dataclasses.replace(policy_for("cpu"), mapped_encodings=("Q4_0", "Q8_0"), q8_activations_max_rows=1)
+    lms = {a: load_model(tiny, policy=policy, arithmetic=a) for a in ("auto", "float32")}
+    ref = load_model(tiny, quantized_layout="nibbles")
+    ids = np.asarray([lms["auto"].encode_prompt("Hello there, how are")], np.int32)
+    logits = {k: np.asarray(m.prefill(ids, [ids.shape[1]], *m.new_cache(1, 32))[1]) for k, m in {**lms, "ref": ref}.items()}
+    np.testing.assert_array_equal(logits["float32"], logits["ref"])
+    err = np.abs(logits["auto"] - logits["ref"]).max() / np.abs(logits["ref"]).max()
+    assert 0 < err < 0.05, err
+    two = {}
+    for k, m in {**lms, "ref": ref}.items():
+        k_cache, v_cache = m.new_cache(2, 16)
+        two[k] = np.asarray(m.decode_step(np.array([5, 9], np.int32), np.array([0, 0], np.int32), k_cache, v_cache)[1])
+    np.testing.assert_array_equal(two["auto"], two["ref"])
+    np.testing.assert_array_equal(two["float32"], two["ref"])
 
 
 def test_a_mesh_refuses_an_explicit_mapped_layout(tiny):

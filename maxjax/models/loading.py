@@ -276,8 +276,11 @@ def load_model(
     ``arithmetic``: ``"int8"`` runs a GGUF-quantized model's products of 16 rows and more (the
     policy's ``int8_min_rows``) as int8 dots, in the ``int8`` quantized layout (see
     :class:`~maxjax.graph.quantization.Int8Array`; not bit-identical to the file); ``"float32"``
-    keeps the file's values exactly; ``"auto"`` (default) is the backend policy's ``arithmetic``
-    (float32 on every platform for now).
+    multiplies the file's values exactly with float32 activations; ``"auto"`` (default) is the
+    backend policy's ``arithmetic`` (float32 layouts on every platform for now) with its
+    ``q8_activations_max_rows``: on a CPU with int8 dot instructions (AVX-512 VNNI, AVX-VNNI),
+    batch-1 decode steps' products with Q4_0 weights read in place quantize their activations to
+    Q8_0 blocks, as llama.cpp's CPU backend does (the weights stay the file's).
 
     ``quantized_layout`` is how a GGUF's quantized weights are kept in memory (see
     :class:`CausalLM`; None: the backend policy's choice for the platform), ``policy`` the
@@ -301,6 +304,7 @@ def load_model(
             quantized weights, or on a mesh (saying what runs instead).
     """
     quantized_layout = _layout_for_arithmetic(arithmetic, quantized_layout, policy, mesh, model)
+    policy = _policy_for_arithmetic(arithmetic, policy)
     path = resolve_model_path(model)
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))
@@ -351,6 +355,19 @@ def _layout_for_arithmetic(arithmetic: str, quantized_layout: str | None, policy
     if path.is_dir() and (path / "config.json").exists():
         raise ValueError(f"arithmetic='int8' needs a GGUF-quantized model; {path} has float weights (arithmetic='float32' runs it)")
     return "int8"
+
+
+def _policy_for_arithmetic(arithmetic: str, policy: Any) -> Any:
+    """``policy`` (None: the default backend's) as ``arithmetic`` runs it: ``"float32"`` takes every
+    product's activations as they are (no Q8_0 activations for mapped Q4_0 weights: the policy's
+    ``q8_activations_max_rows`` 0); ``policy`` itself otherwise."""
+    import dataclasses
+
+    from maxjax.backend import policy_for
+
+    if arithmetic == "float32" and policy_for(policy).q8_activations_max_rows:
+        return dataclasses.replace(policy_for(policy), q8_activations_max_rows=0)
+    return policy
 
 
 def _check_size(files: list[Path], source: str, mesh: Any) -> None:
