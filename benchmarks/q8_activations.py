@@ -62,7 +62,8 @@ LLAMA_PPL = """
 import json, math, sys, numpy as np
 from llama_cpp import Llama
 model, windows = sys.argv[1], json.load(open(sys.argv[2]))
-llm = Llama(model_path=model, n_ctx=len(windows[0]), n_batch=len(windows[0]), logits_all=True, verbose=False, n_threads=os.cpu_count())
+size = len(windows[0])
+llm = Llama(model_path=model, n_ctx=size, n_batch=size, logits_all=True, verbose=False, n_threads=os.cpu_count())
 nll, n = 0.0, 0
 for w in windows:
     llm.reset()
@@ -126,7 +127,8 @@ def main() -> None:
     from maxjax.train.data import TokenStream, load_corpus, python_docs_path
 
     if not policy_for("cpu").q8_activations_max_rows:
-        raise SystemExit("this CPU's policy keeps float32 activations (no int8 dot instructions, or no mapped kernel): nothing to compare")
+        raise SystemExit("this CPU's policy keeps float32 activations (no int8 dot instructions, or no mapped kernel): "
+                         "nothing to compare")
     model = _q4_0_model(a.llama_python)
     lms = {"float32": load_model(model, arithmetic="float32"), "Q8_0 acts": load_model(model)}
 
@@ -203,7 +205,8 @@ def main() -> None:
             row += f" {ms:>8.2f} {b * 1e3 / ms:>10.0f} {step_ms['float32'][b] / ms:>6.2f}x"
         lines.append(row)
     if "llama.cpp" in ppl:
-        lines.append(f"{'llama.cpp':<10} {ppl['llama.cpp']:>10.4f} {ppl['llama.cpp'] / ppl['float32']:>7.4f}x  (same windows, prompt evaluation)")
+        ratio = ppl["llama.cpp"] / ppl["float32"]
+        lines.append(f"{'llama.cpp':<10} {ppl['llama.cpp']:>10.4f} {ratio:>7.4f}x  (same windows, prompt evaluation)")
     lines.append(f"perplexity over {result['eval_tokens']} held-out tokens, teacher-forced batch-1 decode steps; greedy "
                  f"tokens: 16 prompts x {a.new_tokens}, each alone; decode step: cache of 256 positions, medians of "
                  "interleaved rounds")  # fmt: skip

@@ -60,7 +60,7 @@ def worker_maxjax(req: dict) -> dict:
     from maxjax.models import load_model
 
     t0 = time.perf_counter()
-    lm = load_model(req["model"], quantized_layout=req.get("quantized_layout"))
+    lm = load_model(req["model"], quantized_layout=req.get("quantized_layout"), arithmetic=req.get("arithmetic", "auto"))
     out = {"engine": "maxjax", "load_s": time.perf_counter() - t0, "rss_after_load": _status("VmRSS")}
     ids = lm.tokenizer.encode(PROMPT)[:128]
     text = lm.tokenizer.decode(ids)
@@ -186,7 +186,8 @@ def warm(path: str) -> None:
 
 
 def _is_maxjax(key: str) -> bool:
-    """Whether a row's key names a maxjax engine: ``maxjax`` or ``maxjax[LAYOUT]`` (``--also-layout``)."""
+    """Whether a row's key names a maxjax engine: ``maxjax`` or ``maxjax[LAYOUT]`` (``--also-layout``,
+    ``--also-arithmetic``)."""
     return key == "maxjax" or key.startswith("maxjax[")
 
 
@@ -210,6 +211,8 @@ def main() -> None:
                     "llama.cpp reads GGUF), e.g. 1b")
     ap.add_argument("--also-layout", default="", help="also run maxjax with this quantized layout (e.g. nibbles: the "
                     "layout GGUF Q4_0 took before the policy mapped it), reported as engine 'maxjax[LAYOUT]'")
+    ap.add_argument("--also-arithmetic", default="", help="also run maxjax with this arithmetic (e.g. float32: no Q8_0 "
+                    "activations), reported as engine 'maxjax[ARITHMETIC]'")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -248,9 +251,12 @@ def main() -> None:
         if have_llama and "prompt_ids" in mj and not os.path.isdir(path):
             row["llama.cpp"] = run([a.llama_python], {"engine": "llama", "model": path, "prompt_ids": mj["prompt_ids"], "steps": a.steps,
                                                          "llama_extra_bufts": a.llama_extra_bufts}, a.timeout)
-        also = f"maxjax[{a.also_layout}]" if a.also_layout else None
+        also, also_req = None, {}
+        if a.also_layout or a.also_arithmetic:
+            also = f"maxjax[{a.also_layout or a.also_arithmetic}]"
+            also_req = {"quantized_layout": a.also_layout or None, "arithmetic": a.also_arithmetic or "auto"}
         if also and not os.path.isdir(path):
-            row[also] = run([sys.executable], {"engine": "maxjax", "model": path, "steps": a.steps, "quantized_layout": a.also_layout}, a.timeout)
+            row[also] = run([sys.executable], {"engine": "maxjax", "model": path, "steps": a.steps, **also_req}, a.timeout)
         rows.append(row)
         engines = [k for k in row if _is_maxjax(k) or k == "llama.cpp"]
         print(json.dumps({k: v for k, v in row.items() if k not in engines}), flush=True)

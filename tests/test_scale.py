@@ -139,3 +139,45 @@ def test_host_buffers_for_weights_take_huge_pages_and_jax_adopts_them():
     gc.collect()  # the map lives as long as the array that JAX adopted
     np.testing.assert_array_equal(np.asarray(device)[:, 0, 0], [0, 1, 2])
     np.testing.assert_array_equal(np.asarray(device)[2, 1023, 1023], 2)
+
+
+def _rss_anon() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise KeyError("RssAnon")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux's /proc")
+def test_freed_heap_goes_back_to_the_system():
+    """Memory a worker thread allocated in blocks below glibc's mmap threshold and freed stays
+    resident in its arena until :func:`release_freed_heap` gives it back (what a compile leaves,
+    which the CPU policy releases after each one)."""
+    import threading
+
+    from maxjax.backend import policy_for
+    from maxjax.backend.cpu import _malloc_trim, release_freed_heap
+
+    if _malloc_trim() is None:
+        pytest.skip("the C library has no malloc_trim (not glibc)")
+    assert policy_for("cpu").release_heap_after_compile
+    release_freed_heap()
+
+    kept: list[bytearray] = []
+
+    def churn() -> None:  # 256 MB in 64 KiB blocks, each written and freed, a small block kept after each
+        blocks = []
+        for _ in range(4096):
+            blocks.append(bytearray(b"x" * 65536))
+            kept.append(bytearray(1024))  # malloc (pymalloc takes 512 bytes and less): pins the heap above the freed block
+        del blocks
+
+    thread = threading.Thread(target=churn)
+    thread.start()
+    thread.join()
+    before = _rss_anon()
+    assert release_freed_heap()
+    after = _rss_anon()
+    assert before - after > 128 << 20, (before >> 20, after >> 20)
+

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 import jax
 import numpy as np
 
+from maxjax.backend.cpu import release_freed_heap
 from maxjax.dtype import DType
 from maxjax.engine import Program
 from maxjax.graph import Graph, TensorType
@@ -128,6 +129,14 @@ class CausalLM:
                 out_shardings=(rep, rep, shard["cache"], shard["cache"]),
             )  # fmt: skip
         self._step = jax.jit(step, static_argnums=10, donate_argnums=(3, 4), compiler_options=options, **shardings)
+        self.release_freed_heap()  # what the build and the placement freed
+
+    def release_freed_heap(self) -> None:
+        """Gives the heap memory the process has freed back to the system where the policy says
+        so (its ``release_heap_after_compile``; called after a load and after each compile of this
+        model's programs, see :func:`maxjax.backend.cpu.release_freed_heap`)."""
+        if self.program.policy.release_heap_after_compile:
+            release_freed_heap()
 
     @property
     def batch_multiple(self) -> int:
@@ -197,6 +206,7 @@ class CausalLM:
                 raise
             lm.tokenizer = building.result()
         forget_reader(path)  # the model holds its weights and tokenizer: the parsed metadata can go
+        lm.release_freed_heap()
         return lm
 
     @classmethod
