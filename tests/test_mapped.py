@@ -66,59 +66,66 @@ def test_kernel_is_bit_identical_to_the_converted_layouts(enc, layers, rows, col
         np.testing.assert_array_equal(rows_out, want_w[i][2 : rows - 1])
 
 
-def _q4_0_q8_0_reference(packed: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """``x @ W.T`` in llama.cpp's Q4_0 x Q8_0 arithmetic, in NumPy: each row of ``x`` quantized per
-    32 values (d = max |x| / 127 in float32, q = round-half-even(x * (1 / d))), each block's
-    integer dot with the weight's q - 8, times both scales, summed in float64."""
-    rows = packed.shape[0]
-    blocks = packed.reshape(rows, -1, 18)
-    dw = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float64)  # [rows, blocks]
-    q4 = np.concatenate([blocks[..., 2:] & 15, blocks[..., 2:] >> 4], -1).astype(np.int64) - 8  # [rows, blocks, 32]
+def _q8_0(x: np.ndarray) -> np.ndarray:
+    """``x`` [m, cols] as llama.cpp's ``quantize_row_q8_0`` rounds it, in NumPy: per 32 values
+    d = max |x| / 127 in float32 and q = round-half-even(x * (1 / d)); returned as d * q, float64."""
     xb = x.reshape(x.shape[0], -1, 32)
     d = (np.abs(xb).max(-1) / np.float32(127)).astype(np.float32)  # [m, blocks]
     inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
-    q8 = np.rint(xb * inv[..., None]).astype(np.int64)
-    dots = np.einsum("rbj,mbj->mrb", q4, q8)  # exact integers
-    return (dots * dw[None] * d[:, None, :].astype(np.float64)).sum(-1)
+    q = np.rint(xb * inv[..., None])
+    return (q * d[..., None].astype(np.float64)).reshape(x.shape)
 
 
-@pytest.mark.parametrize("layers,rows,cols", [(None, 64, 256), (3, 131, 576)])
-def test_q8_0_activations_are_llama_cpps_arithmetic(layers, rows, cols):
-    """``activations="Q8_0"`` with a mapped Q4_0 weight (2-D, or each layer of a stack; an odd
-    number of rows; SmolLM2's 576 columns) gives llama.cpp's Q4_0 x Q8_0 products (a NumPy
-    reference of ``quantize_row_q8_0`` and ``ggml_vec_dot_q4_0_q8_0``) up to float32 summation,
-    for 1 to 9 activation rows, an all-zero block among them; those differ from the float32
-    products by the activations' rounding; and its cotangent is the float32 product's."""
+# (encoding, layout): every layout whose products take Q8_0 activations (Q4_0 and Q4_1 nibbles;
+# unpacked int8 and uint8 values, with and without offsets; the file's Q4_0 and Q8_0 blocks)
+Q8_0_CASES = [(E.Q4_0, "mapped"), (E.Q8_0, "mapped"), (E.Q4_0, "nibbles"), (E.Q4_1, "nibbles"),
+              (E.Q4_0, "unpacked"), (E.Q4_1, "unpacked"), (E.Q8_0, "unpacked")]  # fmt: skip
+
+
+@pytest.mark.parametrize("enc,layout", Q8_0_CASES)
+@pytest.mark.parametrize("layers,rows,cols", [(None, 64, 256), (3, 130, 576)])
+def test_q8_0_activations_are_llama_cpps_arithmetic(enc, layout, layers, rows, cols):
+    """``activations="Q8_0"`` (2-D weights, or each layer of a stack; SmolLM2's 576 columns) gives
+    llama.cpp's products of each weight with Q8_0 activations (``ggml_vec_dot_q4_0_q8_0``,
+    ``_q4_1_q8_1``, ``_q8_0_q8_0``: exact integer dots, scaled): the float64 product of gguf's
+    dequantized weight and the activations as ``quantize_row_q8_0`` rounds them, up to float32
+    summation, for 1 to 9 activation rows, an all-zero block among them; those differ from the
+    float32 products by that rounding; and the cotangent is the float32 product's."""
     n = layers or 1
-    packed = np.stack([_blocks(E.Q4_0, rows, cols, 40 + s) for s in range(n)])
-    mapped = to_layout("mapped", E.Q4_0, jnp.asarray(packed if layers else packed[0]))
+    packed = np.stack([_blocks(enc, rows, cols, 40 + s) for s in range(n)])
+    w = to_layout(layout, enc, jnp.asarray(packed if layers else packed[0]))
+    assert w.layout == layout
+    want_w = gguf.quants.dequantize(packed.reshape(n * rows, -1), gguf.GGMLQuantizationType[enc.value]).reshape(n, rows, cols)
     for m in (1, 2, 9):
         x = RNG.standard_normal((m, cols)).astype(np.float32) * 2
         x[0, 32:64] = 0
         for i in range(n):
             layer = None if layers is None else jnp.int32(i)
-            got = np.asarray(kernels.quantized_matmul(jnp.asarray(x), mapped, layer, activations="Q8_0"))
-            want = _q4_0_q8_0_reference(packed[i], x)
+            got = np.asarray(kernels.quantized_matmul(jnp.asarray(x), w, layer, activations="Q8_0"))
+            want = _q8_0(x) @ want_w[i].T.astype(np.float64)
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-            exact = np.asarray(kernels.quantized_matmul(jnp.asarray(x), mapped, layer))
+            exact = np.asarray(kernels.quantized_matmul(jnp.asarray(x), w, layer))
             err = np.abs(got - exact).max() / np.abs(exact).max()
             assert 1e-5 < err < 2e-2, err  # the activations' int8 rounding, no more
     x = jnp.asarray(RNG.standard_normal((2, cols)).astype(np.float32))
     layer = None if layers is None else jnp.int32(n - 1)
-    g = [jax.grad(lambda x, a=a: kernels.quantized_matmul(x, mapped, layer, activations=a).sum())(x) for a in ("Q8_0", "float32")]
+    g = [jax.grad(lambda x, a=a: kernels.quantized_matmul(x, w, layer, activations=a).sum())(x) for a in ("Q8_0", "float32")]
     np.testing.assert_array_equal(np.asarray(g[0]), np.asarray(g[1]))
 
 
 def test_q8_0_activations_are_refused_where_they_cannot_run():
-    """Q8_0 activations are for mapped Q4_0 weights: another encoding or layout is refused by
-    the wrapper with its name, an unknown value too, and a negative policy bound."""
-    x = jnp.ones((1, 64), jnp.float32)
-    q8 = to_layout("mapped", E.Q8_0, jnp.asarray(_blocks(E.Q8_0, 8, 64, 1)))
-    nib = to_layout("nibbles", E.Q4_0, jnp.asarray(_blocks(E.Q4_0, 8, 64, 1)))
-    for w in (q8, nib):
-        with pytest.raises(ValueError, match="Q8_0 activations multiply a mapped Q4_0 weight only"):
-            kernels.quantized_matmul(x, w, activations="Q8_0")
-    q4 = to_layout("mapped", E.Q4_0, jnp.asarray(_blocks(E.Q4_0, 8, 64, 1)))
+    """An unpacked weight with a scale per 16 values (Q6_K) cannot take Q8_0 activations (32
+    per block): the wrapper refuses it with its name, as it refuses an unknown value; a negative
+    policy bound is refused; the policy keeps such a weight's products in float32."""
+    x = jnp.ones((1, 256), jnp.float32)
+    q6_k = to_layout("unpacked", E.Q6_K, jnp.asarray(np.random.default_rng(1).integers(0, 255, (8, 210), dtype=np.uint8)))
+    assert q6_k.scale.shape[-1] == 16
+    with pytest.raises(ValueError, match=r"Q8_0 activations multiply .* unpacked ones in groups of 32, not UnpackedArray\(Q6_K"):
+        kernels.quantized_matmul(x, q6_k, activations="Q8_0")
+    policy = dataclasses.replace(policy_for("cpu"), q8_activations_max_rows=1)
+    assert policy.activations_for(q6_k, 1) == "float32"
+    q4 = to_layout("mapped", E.Q4_0, jnp.asarray(_blocks(E.Q4_0, 8, 256, 1)))
+    assert [policy.activations_for(q4, n) for n in (1, 2)] == ["Q8_0", "float32"]
     with pytest.raises(ValueError, match="activations must be one of"):
         kernels.quantized_matmul(x, q4, activations="int8")
     with pytest.raises(ValueError, match="q8_activations_max_rows must be at least 0"):
@@ -210,7 +217,7 @@ def test_a_q4_0_model_is_read_in_place_and_decodes_as_nibbles(tiny):
 
     policy = dataclasses.replace(policy_for("cpu"), mapped_encodings=("Q4_0", "Q8_0"), q8_activations_max_rows=0)
     lm = load_model(tiny, policy=policy)
-    ref = load_model(tiny, quantized_layout="nibbles")
+    ref = load_model(tiny, quantized_layout="nibbles", arithmetic="float32")
     weights = [x for x in jax.tree.leaves(lm.state, is_leaf=lambda x: isinstance(x, QuantizedArray)) if isinstance(x, QuantizedArray)]
     assert weights and all(isinstance(x, MappedArray) for x in weights)
     assert len({x.file.unsafe_buffer_pointer() for x in weights}) == 1
@@ -233,7 +240,7 @@ def test_batch_1_products_take_q8_0_activations_unless_float32_is_asked_for(tiny
 
     policy = dataclasses.replace(policy_for("cpu"), mapped_encodings=("Q4_0", "Q8_0"), q8_activations_max_rows=1)
     lms = {a: load_model(tiny, policy=policy, arithmetic=a) for a in ("auto", "float32")}
-    ref = load_model(tiny, quantized_layout="nibbles")
+    ref = load_model(tiny, quantized_layout="nibbles", arithmetic="float32")
     ids = np.asarray([lms["auto"].encode_prompt("Hello there, how are")], np.int32)
     logits = {k: np.asarray(m.prefill(ids, [ids.shape[1]], *m.new_cache(1, 32))[1]) for k, m in {**lms, "ref": ref}.items()}
     np.testing.assert_array_equal(logits["float32"], logits["ref"])

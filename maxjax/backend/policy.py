@@ -53,16 +53,19 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   0.93x -> 1.08x once the distance ran along each stream's rows); ``benchmarks/results/
   scale_mapped_avx512.txt`` and ``scale_zen5_avx512.txt`` have 1B to 8B against llama.cpp).
   AVX2 CPUs (no 16-entry table in one register; unmeasured), GPU, TPU: ``()``.
-- ``q8_activations_max_rows``: a mapped Q4_0 weight's products in the kernel with 1 to this many
+- ``q8_activations_max_rows``: a quantized weight's products in the kernel with 1 to this many
   input rows quantize each activation row per 32-value block to Q8_0 and multiply in integer
-  dots (vpdpbusd), scaled by both blocks' scales afterwards: llama.cpp's arithmetic
-  (``ggml_vec_dot_q4_0_q8_0``), not the file's float32 product (:func:`maxjax.backend.kernels.
-  quantized_matmul`). ``load_model(arithmetic="float32")`` turns it off. CPU with AVX-512 where
-  the kernels build and int8 dot instructions (AVX512_VNNI or AVX-VNNI): 1 (2-core Zen 5 EPYC:
+  dots (vpdpbusd), scaled by both blocks' scales afterwards (plus a weight block's offset times
+  the activations' sum): llama.cpp's arithmetic (``ggml_vec_dot_q4_0_q8_0``, ``_q4_1_q8_1``,
+  ``_q8_0_q8_0``), not the file's float32 product (:func:`maxjax.backend.kernels.
+  quantized_matmul`; ``nibbles`` and ``mapped`` weights, and ``unpacked`` ones with a scale per
+  32 values). ``load_model(arithmetic="float32")`` turns it off. CPU with AVX-512 where the
+  kernels build and int8 dot instructions (AVX512_VNNI or AVX-VNNI): 1 (2-core Zen 5 EPYC:
   Llama-3.2-1B-shaped Q4_0 decode 1.40x the float32 activations' speed at batch 1, 1.03x at 4,
-  0.93x at 16 and 0.96x at 32, where the kernel is bound by arithmetic, not memory; SmolLM2
-  requantized to Q4_0 by llama.cpp: 1.24x at batch 1, held-out perplexity 30.97 against 30.86,
-  +0.33%, and llama.cpp's own 31.03, ``benchmarks/results/q8_activations_zen5_avx512.txt``); others: 0.
+  0.93x at 16 and 0.96x at 32, where the kernel is bound by arithmetic, not memory; its Q8_0
+  0.98x, bound by memory either way; SmolLM2 Q4_1 1.10-1.14x; SmolLM2 requantized to Q4_0 by
+  llama.cpp: 1.24x, held-out perplexity +0.33% against float32 activations, llama.cpp's own
+  +0.54%; ``benchmarks/results/q8_activations_zen5_avx512.txt``); others: 0 (unmeasured).
 - ``release_heap_after_compile``: after a load and after each compile of a model's programs
   (``CausalLM``'s generation, the serving engine's warmup and steps), the process returns the
   memory XLA's compiler freed to the operating system (glibc's ``malloc_trim``,
@@ -387,12 +390,15 @@ class BackendPolicy:
 
     def activations_for(self, w: Any, lead: Any) -> str:
         """How the kernel takes the activations of ``x @ w.T`` (``lead`` rows in ``x``) for a
-        quantized weight it multiplies (:meth:`native_matmul`): ``"Q8_0"`` for a mapped Q4_0
-        weight and 1 to :attr:`q8_activations_max_rows` rows, else ``"float32"`` (see
+        quantized weight it multiplies (:meth:`native_matmul`): ``"Q8_0"`` for a weight it
+        multiplies so (a ``nibbles`` one, a mapped Q4_0 one) and 1 to
+        :attr:`q8_activations_max_rows` rows, else ``"float32"`` (see
         :func:`maxjax.backend.kernels.quantized_matmul`)."""
-        q4_0 = getattr(w, "layout", None) == "mapped" and getattr(getattr(w, "encoding", None), "value", None) == "Q4_0"
-        if q4_0 and isinstance(lead, (int, np.integer)) and 0 < lead <= self.q8_activations_max_rows:
-            return "Q8_0"
+        if isinstance(lead, (int, np.integer)) and 0 < lead <= self.q8_activations_max_rows:
+            from maxjax.backend import kernels
+
+            if kernels.takes_q8_0_activations(w):
+                return "Q8_0"
         return "float32"
 
     def row_chunks(self, rows: int, lead: Any) -> int:

@@ -213,10 +213,11 @@ def quantized_matmul(x: Any, w: Any, layer: Any = None, activations: str = "floa
             :class:`~maxjax.graph.quantization.arrays.UnpackedArray` of logical shape ``[rows,
             cols]``, or a stack of them ``[layers, rows, cols]`` (leaves with a leading layer axis).
         layer: int32 scalar, the layer of a stacked ``w`` (clamped into range); None for a 2-D one.
-        activations: ``"float32"``, or ``"Q8_0"`` for a ``mapped`` Q4_0 weight: each row of ``x``
-            is quantized per 32-value block to Q8_0 and each block's product is an integer dot
-            scaled by both blocks' scales (llama.cpp's ``ggml_vec_dot_q4_0_q8_0`` arithmetic;
-            see ``matvec.cc``). Its cotangent is the float32 one.
+        activations: ``"float32"``, or ``"Q8_0"`` for a weight :func:`takes_q8_0_activations`:
+            each row of ``x`` is quantized per 32-value block to Q8_0 and each block's product is
+            an integer dot scaled by both blocks' scales, plus the weight block's offset times the
+            activations' sum (llama.cpp's ``ggml_vec_dot_q4_0_q8_0`` and ``_q4_1_q8_1``
+            arithmetic; see ``matvec.cc``). Its cotangent is the float32 one.
 
     Returns:
         float32 ``[..., rows]``: the float32 product of the weight's values (the sum's order is the
@@ -226,7 +227,7 @@ def quantized_matmul(x: Any, w: Any, layer: Any = None, activations: str = "floa
     Raises:
         ValueError: a weight the kernels do not take; ``x`` not float32 or its features not
             ``cols``; a layer index for a 2-D weight or none for a stack; ``"Q8_0"`` activations
-            for another weight than a mapped Q4_0 one, or unknown ``activations``.
+            for a weight that does not take them, or unknown ``activations``.
         RuntimeError: the kernels cannot run here (:func:`unavailable_reason` says why).
     """
     reason = _load()
@@ -242,13 +243,27 @@ def quantized_matmul(x: Any, w: Any, layer: Any = None, activations: str = "floa
         raise ValueError(f"quantized_matmul: {w!r} needs {'a layer index' if w.ndim == 3 else 'no layer index'}")
     if activations not in ACTIVATIONS:
         raise ValueError(f"quantized_matmul: activations must be one of {ACTIVATIONS}, got {activations!r}")
-    if activations == "Q8_0" and not (w.layout == "mapped" and w.encoding.value == "Q4_0"):
-        raise ValueError(f"quantized_matmul: Q8_0 activations multiply a mapped Q4_0 weight only, not {w!r} (layout {w.layout!r})")
+    if activations == "Q8_0" and not takes_q8_0_activations(w):
+        raise ValueError(
+            f"quantized_matmul: Q8_0 activations multiply nibbles and mapped weights and unpacked ones in groups of 32, "
+            f"not {w!r} (layout {w.layout!r})"
+        )
     return _product(activations, x, w, layer)
 
 
 #: what :func:`quantized_matmul`'s ``activations`` may be: as given, or quantized to Q8_0 blocks
 ACTIVATIONS = ("float32", "Q8_0")
+
+
+def takes_q8_0_activations(w: Any) -> bool:
+    """Whether the kernel multiplies ``w`` with Q8_0 activations (:func:`quantized_matmul`): a
+    ``nibbles`` weight (4-bit values with scales, and offsets or not), an ``unpacked`` one with
+    one scale per 32 values (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K; not Q6_K's 16), or a ``mapped`` one
+    (Q4_0, Q8_0)."""
+    layout = getattr(w, "layout", None)
+    if layout == "unpacked":  # one scale per 32 values, as the activations' blocks
+        return w.shape[-1] == 32 * w.scale.shape[-1]
+    return layout in ("nibbles", "mapped")
 
 
 def _forward(activations: str, x: Any, w: Any, layer: Any) -> jax.Array:
@@ -259,11 +274,12 @@ def _forward(activations: str, x: Any, w: Any, layer: Any) -> jax.Array:
         kind = np.int64(_MAPPED_KIND[w.encoding.value])
         out = call(flat, w.file, w.offsets.reshape(-1), _layer(layer), kind=kind, activations=np.int64(ACTIVATIONS.index(activations)))
         return out.reshape(*lead, rows)
-    target = "maxjax_nibbles_matmul" if w.layout == "nibbles" else "maxjax_unpacked_matmul"
     lead, cols, rows = x.shape[:-1], x.shape[-1], w.shape[-2]
     flat = x.reshape(math.prod(lead), cols)
+    attrs = {"activations": np.int64(ACTIVATIONS.index(activations))}
+    target = "maxjax_nibbles_matmul" if w.layout == "nibbles" else "maxjax_unpacked_matmul"
     out = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((flat.shape[0], rows), jnp.float32), vmap_method="sequential")(
-        flat, w.values, w.scale, _empty() if w.offset is None else w.offset, _layer(layer)
+        flat, w.values, w.scale, _empty() if w.offset is None else w.offset, _layer(layer), **attrs
     )
     return out.reshape(*lead, rows)
 

@@ -126,6 +126,74 @@ inline void to_float(const uint16_t* s, float* d, int64_t n) {  // float16 -> fl
 }
 inline void to_float(const float* s, float* d, int64_t n) { std::memcpy(d, s, n * sizeof(float)); }
 
+// ---- Q8_0 activations -----------------------------------------------------------------------------
+// Activation rows quantized per 32-value block: q int8 [m, cols], d float32 [m, cols / 32],
+// c int32 [m, cols / 32, 8]: -8 * sum_j q_j in lane 0, zeros after (a block's dot with unsigned
+// 4-bit values q4 starts from it, which makes it the dot with q4 - 8), and ds float32
+// [m, cols / 32]: d * sum_j q_j (what a weight block's offset multiplies).
+struct Q8Rows {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> c;
+  std::vector<float> ds;
+};
+
+inline void quantize_q8(const float* x, int64_t m_rows, int64_t cols, Q8Rows& a) {
+  const int64_t nb = cols / 32;
+  a.q.resize(m_rows * cols), a.d.resize(m_rows * nb), a.c.assign(m_rows * nb * 8, 0), a.ds.resize(m_rows * nb);
+  for (int64_t i = 0; i < m_rows * nb; ++i) {
+    const float* xb = x + 32 * i;
+    int8_t* qb = a.q.data() + 32 * i;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+    const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(id)));  // round half to even
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(id)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16), _mm512_cvtepi32_epi8(q1));
+    const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+#else
+    float amax = 0.f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+    int32_t sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      const int32_t v = int32_t(std::nearbyint(xb[j] * id));  // round half to even (the default mode)
+      qb[j] = int8_t(v), sum += v;
+    }
+#endif
+    a.c[8 * i] = -8 * sum;
+    a.d[i] = d;
+    a.ds[i] = d * float(sum);
+  }
+}
+
+// A Q4_0 block's 32 values q (0..15, before the -8) as bytes, in value order.
+inline __m256i q4_bytes(const uint8_t* blk) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+  const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1);
+  return _mm256_and_si256(both, _mm256_set1_epi8(15));
+}
+
+// acc + the dot products of u (unsigned bytes) and s (signed bytes), four bytes per int32 lane.
+inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+inline float hsum8(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
 // ---- prefetching ------------------------------------------------------------------------------------
 // The loops read a weight once, front to back, each thread its own contiguous rows; asking for the
 // cache line kPrefetch bytes ahead keeps more reads in flight than the hardware prefetcher does
@@ -184,6 +252,49 @@ void nibble_pairs(const uint8_t* values, const S* scale, const S* offset, const 
   }
 }
 
+// nibble_pairs with Q8_0 activations: each pair's 32 bytes of a block are its two rows' 4-bit
+// values in column order (low nibbles: row 2p, high: row 2p + 1), each an integer dot with the
+// block's quantized activations; W = scale * q + offset, or scale * (q - 8) without an offset
+// (the -8 folded into the dot's start, Q8Rows::c), the offset times the block's d * sum q.
+template <typename S, bool Offset, int MB>
+void q8_nibble_pairs(const uint8_t* values, const S* scale, const S* offset, const Q8Rows& a,
+                     int64_t rows, int64_t cols, int64_t m0, int64_t p0, int64_t p1, float* out) {
+  const int64_t nb = cols / 32;
+  std::vector<float> buf(4 * nb);
+  float *s0 = buf.data(), *s1 = s0 + nb, *o0 = s1 + nb, *o1 = o0 + nb;
+  const __m256i low4 = _mm256_set1_epi8(15);
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* v = values + p * cols;
+    to_float(scale + 2 * p * nb, s0, nb);
+    to_float(scale + (2 * p + 1) * nb, s1, nb);
+    if (Offset) {
+      to_float(offset + 2 * p * nb, o0, nb);
+      to_float(offset + (2 * p + 1) * nb, o1, nb);
+    }
+    __m256 acc0[MB], acc1[MB];
+    float off0[MB], off1[MB];
+    for (int j = 0; j < MB; ++j) acc0[j] = acc1[j] = _mm256_setzero_ps(), off0[j] = off1[j] = 0.f;
+    for (int64_t b = 0; b < nb; ++b) {
+      if ((b & 1) == 0) prefetch(v + 32 * b);
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32 * b));
+      const __m256i q0 = _mm256_and_si256(raw, low4), q1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+      for (int j = 0; j < MB; ++j) {
+        const int64_t ab = (m0 + j) * nb + b;
+        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + 32 * ab));
+        const __m256i c = Offset ? _mm256_setzero_si256() : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.c.data() + 8 * ab));
+        const float dx = a.d[ab];
+        acc0[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(c, q0, xq)), _mm256_set1_ps(s0[b] * dx), acc0[j]);
+        acc1[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(c, q1, xq)), _mm256_set1_ps(s1[b] * dx), acc1[j]);
+        if (Offset) off0[j] += o0[b] * a.ds[ab], off1[j] += o1[b] * a.ds[ab];
+      }
+    }
+    for (int j = 0; j < MB; ++j) {
+      out[(m0 + j) * rows + 2 * p] = hsum8(acc0[j]) + off0[j];
+      out[(m0 + j) * rows + 2 * p + 1] = hsum8(acc1[j]) + off1[j];
+    }
+  }
+}
+
 // Rows [r0, r1) of an unpacked weight (one byte per value) times activation rows [m0, m0 + MB),
 // as nibble_pairs computes them.
 template <typename Q, bool Offset, int MB>
@@ -203,6 +314,35 @@ void byte_rows(const Q* values, const float* scale, const float* offset, const f
       }
     }
     for (int j = 0; j < MB; ++j) out[(m0 + j) * rows + r] = vsum(acc[j]);
+  }
+}
+
+// byte_rows with Q8_0 activations, for weights in groups of 32 values: each group's integer dot
+// with the block's quantized activations (int8 values: |w| times x with w's sign, as vpdpbusd
+// multiplies unsigned by signed bytes), times scale * d; plus the offset times d * sum q.
+template <typename Q, bool Offset, int MB>
+void q8_byte_rows(const Q* values, const float* scale, const float* offset, const Q8Rows& a, int64_t rows, int64_t cols,
+                  int64_t m0, int64_t r0, int64_t r1, float* out) {
+  const int64_t nb = cols / 32;
+  for (int64_t r = r0; r < r1; ++r) {
+    const Q* v = values + r * cols;
+    __m256 acc[MB];
+    float off[MB];
+    for (int j = 0; j < MB; ++j) acc[j] = _mm256_setzero_ps(), off[j] = 0.f;
+    for (int64_t b = 0; b < nb; ++b) {
+      if ((b & 1) == 0) prefetch(v + 32 * b);
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 32 * b));
+      const __m256i u = std::is_signed<Q>::value ? _mm256_abs_epi8(w) : w;
+      const float d = scale[r * nb + b];
+      for (int j = 0; j < MB; ++j) {
+        const int64_t ab = (m0 + j) * nb + b;
+        __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + 32 * ab));
+        if (std::is_signed<Q>::value) xq = _mm256_sign_epi8(xq, w);
+        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(_mm256_setzero_si256(), u, xq)), _mm256_set1_ps(d * a.d[ab]), acc[j]);
+        if (Offset) off[j] += offset[r * nb + b] * a.ds[ab];
+      }
+    }
+    for (int j = 0; j < MB; ++j) out[(m0 + j) * rows + r] = hsum8(acc[j]) + off[j];
   }
 }
 
@@ -256,17 +396,27 @@ ffi::Error check_scales(const char* what, int64_t layers, int64_t per_layer, con
 
 template <typename S, bool Offset>
 void run_nibbles(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const uint8_t* values, const S* scale, const S* offset,
-                 int64_t rows, int64_t cols, float* out) {
+                 int64_t rows, int64_t cols, float* out, bool q8) {
+  if (q8) {
+    Q8Rows a;
+    quantize_q8(x, m_rows, cols, a);
+    parallel_for(pool, rows / 2, rows * cols * m_rows, [&](int64_t p0, int64_t p1) {
+      over_rows(m_rows, [&](int64_t m, auto mb) { q8_nibble_pairs<S, Offset, decltype(mb)::value>(values, scale, offset, a, rows, cols, m, p0, p1, out); });
+    });
+    return;
+  }
   parallel_for(pool, rows / 2, rows * cols * m_rows, [&](int64_t p0, int64_t p1) {
     over_rows(m_rows, [&](int64_t m, auto mb) { nibble_pairs<S, Offset, decltype(mb)::value>(values, scale, offset, x, rows, cols, m, p0, p1, out); });
   });
 }
 
 ffi::Error NibblesMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> values, ffi::AnyBuffer scale,
-                         ffi::AnyBuffer offset, ffi::AnyBuffer layer, ffi::ResultBuffer<ffi::F32> out) {
+                         ffi::AnyBuffer offset, ffi::AnyBuffer layer, ffi::ResultBuffer<ffi::F32> out, int64_t activations) {
   const auto vd = values.dimensions();
   const int64_t cols = x.dimensions().back(), m_rows = x.element_count() / cols;
   const int64_t rows = 2 * vd[vd.size() - 2];
+  if (activations != 0 && activations != 1) return ffi::Error::InvalidArgument("nibbles matmul: activations must be 0 (float32) or 1 (Q8_0)");
+  const bool q8 = activations == 1;
   if (vd.back() != cols) return ffi::Error::InvalidArgument("nibbles matmul: x and the weight disagree on columns");
   if (auto e = check_dims("nibbles matmul", cols, rows, out->dimensions().back(), 32); e.failure()) return e;
   if (int64_t(out->element_count()) != m_rows * rows) return ffi::Error::InvalidArgument("nibbles matmul: the output's shape");
@@ -279,15 +429,15 @@ ffi::Error NibblesMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
   if (scale.element_type() == ffi::F16) {
     const uint16_t* s = reinterpret_cast<const uint16_t*>(scale.untyped_data()) + l_off;
     if (has_offset)
-      run_nibbles<uint16_t, true>(pool, x.typed_data(), m_rows, v, s, reinterpret_cast<const uint16_t*>(offset.untyped_data()) + l_off, rows, cols, o);
+      run_nibbles<uint16_t, true>(pool, x.typed_data(), m_rows, v, s, reinterpret_cast<const uint16_t*>(offset.untyped_data()) + l_off, rows, cols, o, q8);
     else
-      run_nibbles<uint16_t, false>(pool, x.typed_data(), m_rows, v, s, nullptr, rows, cols, o);
+      run_nibbles<uint16_t, false>(pool, x.typed_data(), m_rows, v, s, nullptr, rows, cols, o, q8);
   } else if (scale.element_type() == ffi::F32) {
     const float* s = reinterpret_cast<const float*>(scale.untyped_data()) + l_off;
     if (has_offset)
-      run_nibbles<float, true>(pool, x.typed_data(), m_rows, v, s, reinterpret_cast<const float*>(offset.untyped_data()) + l_off, rows, cols, o);
+      run_nibbles<float, true>(pool, x.typed_data(), m_rows, v, s, reinterpret_cast<const float*>(offset.untyped_data()) + l_off, rows, cols, o, q8);
     else
-      run_nibbles<float, false>(pool, x.typed_data(), m_rows, v, s, nullptr, rows, cols, o);
+      run_nibbles<float, false>(pool, x.typed_data(), m_rows, v, s, nullptr, rows, cols, o, q8);
   } else {
     return ffi::Error::InvalidArgument("nibbles matmul: scales must be float16 or float32");
   }
@@ -296,22 +446,33 @@ ffi::Error NibblesMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
 
 template <typename Q, bool Offset>
 void run_bytes(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const Q* values, const float* scale, const float* offset,
-               int64_t rows, int64_t cols, int64_t group, float* out) {
+               int64_t rows, int64_t cols, int64_t group, float* out, bool q8) {
+  if (q8) {  // group 32 (checked)
+    Q8Rows a;
+    quantize_q8(x, m_rows, cols, a);
+    parallel_for(pool, rows, rows * cols * m_rows, [&](int64_t r0, int64_t r1) {
+      over_rows(m_rows, [&](int64_t m, auto mb) { q8_byte_rows<Q, Offset, decltype(mb)::value>(values, scale, offset, a, rows, cols, m, r0, r1, out); });
+    });
+    return;
+  }
   parallel_for(pool, rows, rows * cols * m_rows, [&](int64_t r0, int64_t r1) {
     over_rows(m_rows, [&](int64_t m, auto mb) { byte_rows<Q, Offset, decltype(mb)::value>(values, scale, offset, x, rows, cols, group, m, r0, r1, out); });
   });
 }
 
 ffi::Error UnpackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer values, ffi::Buffer<ffi::F32> scale,
-                          ffi::AnyBuffer offset, ffi::AnyBuffer layer, ffi::ResultBuffer<ffi::F32> out) {
+                          ffi::AnyBuffer offset, ffi::AnyBuffer layer, ffi::ResultBuffer<ffi::F32> out, int64_t activations) {
   const auto vd = values.dimensions();
   const auto sd = scale.dimensions();
+  if (activations != 0 && activations != 1) return ffi::Error::InvalidArgument("unpacked matmul: activations must be 0 (float32) or 1 (Q8_0)");
+  const bool q8 = activations == 1;
   const int64_t cols = x.dimensions().back(), m_rows = x.element_count() / cols;
   const int64_t rows = vd[vd.size() - 2];
   if (vd.back() != cols || sd.back() <= 0) return ffi::Error::InvalidArgument("unpacked matmul: x and the weight disagree on columns");
   const int64_t group = cols / sd.back();
   if (group % 16 || group * sd.back() != cols) return ffi::Error::InvalidArgument("unpacked matmul: groups must be a multiple of 16 values");
   if (auto e = check_dims("unpacked matmul", cols, rows, out->dimensions().back(), group); e.failure()) return e;
+  if (q8 && group != 32) return ffi::Error::InvalidArgument("unpacked matmul: Q8_0 activations need groups of 32 values");
   if (int64_t(out->element_count()) != m_rows * rows) return ffi::Error::InvalidArgument("unpacked matmul: the output's shape");
   if (auto e = check_scales("unpacked matmul", layers_of(vd), rows * sd.back(), scale, ffi::F32, offset); e.failure()) return e;
   const int64_t l = layer_of(layer, vd);
@@ -323,15 +484,15 @@ ffi::Error UnpackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::An
   if (values.element_type() == ffi::S8) {
     const int8_t* v = reinterpret_cast<const int8_t*>(values.untyped_data()) + l * nv;
     if (has_offset)
-      run_bytes<int8_t, true>(pool, x.typed_data(), m_rows, v, s, off, rows, cols, group, o);
+      run_bytes<int8_t, true>(pool, x.typed_data(), m_rows, v, s, off, rows, cols, group, o, q8);
     else
-      run_bytes<int8_t, false>(pool, x.typed_data(), m_rows, v, s, off, rows, cols, group, o);
+      run_bytes<int8_t, false>(pool, x.typed_data(), m_rows, v, s, off, rows, cols, group, o, q8);
   } else if (values.element_type() == ffi::U8) {
     const uint8_t* v = reinterpret_cast<const uint8_t*>(values.untyped_data()) + l * nv;
     if (has_offset)
-      run_bytes<uint8_t, true>(pool, x.typed_data(), m_rows, v, s, off, rows, cols, group, o);
+      run_bytes<uint8_t, true>(pool, x.typed_data(), m_rows, v, s, off, rows, cols, group, o, q8);
     else
-      run_bytes<uint8_t, false>(pool, x.typed_data(), m_rows, v, s, off, rows, cols, group, o);
+      run_bytes<uint8_t, false>(pool, x.typed_data(), m_rows, v, s, off, rows, cols, group, o, q8);
   } else {
     return ffi::Error::InvalidArgument("unpacked matmul: values must be int8 or uint8");
   }
@@ -462,71 +623,6 @@ void mapped_pass(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, in
     for (int j = 0; j < MB; ++j) out[(m0 + j) * rows + r + i] = vsum(acc[i][j]);
 }
 
-// ---- Q4_0 weights x Q8_0 activations --------------------------------------------------------------
-// Activation rows quantized per 32-value block: q int8 [m, cols], d float32 [m, cols / 32], and
-// c int32 [m, cols / 32, 8]: -8 * sum_j q_j in lane 0, zeros after (each block's dot starts
-// from it, which folds Q4_0's -8 into the integer sum).
-struct Q8Rows {
-  std::vector<int8_t> q;
-  std::vector<float> d;
-  std::vector<int32_t> c;
-};
-
-inline void quantize_q8(const float* x, int64_t m_rows, int64_t cols, Q8Rows& a) {
-  const int64_t nb = cols / 32;
-  a.q.resize(m_rows * cols), a.d.resize(m_rows * nb), a.c.assign(m_rows * nb * 8, 0);
-  for (int64_t i = 0; i < m_rows * nb; ++i) {
-    const float* xb = x + 32 * i;
-    int8_t* qb = a.q.data() + 32 * i;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-    const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-    const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
-    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(id)));  // round half to even
-    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(id)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm512_cvtepi32_epi8(q0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16), _mm512_cvtepi32_epi8(q1));
-    a.c[8 * i] = -8 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-#else
-    float amax = 0.f;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
-    const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
-    int32_t sum = 0;
-    for (int j = 0; j < 32; ++j) {
-      const int32_t v = int32_t(std::nearbyint(xb[j] * id));  // round half to even (the default mode)
-      qb[j] = int8_t(v), sum += v;
-    }
-    a.c[8 * i] = -8 * sum;
-#endif
-    a.d[i] = d;
-  }
-}
-
-// A Q4_0 block's 32 values q (0..15, before the -8) as bytes, in value order.
-inline __m256i q4_bytes(const uint8_t* blk) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-  const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1);
-  return _mm256_and_si256(both, _mm256_set1_epi8(15));
-}
-
-// acc + the dot products of u (unsigned bytes) and s (signed bytes), four bytes per int32 lane.
-inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(acc, u, s);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(acc, u, s);
-#else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-#endif
-}
-
-inline float hsum8(__m256 v) {
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_movehdup_ps(h));
-  return _mm_cvtss_f32(h);
-}
-
 // Rows [r, r + R) of a mapped Q4_0 weight times quantized activation rows [m0, m0 + MB): each
 // block's 32 values are unpacked to bytes once and feed MB integer dots. Unlike mapped_pass, each
 // block's scale is read alone (gathering 16 at once cost a quarter of the time on a 2-core Zen 5
@@ -536,9 +632,9 @@ inline float hsum8(__m256 v) {
 // 8 x [14336, 4096] stack 6.2 ms; 4 KiB ahead 4.0, 4.8 and 7.4 ms; 16 KiB within noise of 12.
 constexpr int64_t kQ8Prefetch = 12288;
 
-template <int MB, int R>
+template <Kind K, int MB, int R>
 void q8_pass(const uint8_t* w, int64_t bpr, const Q8Rows& a, int64_t rows, int64_t cols, int64_t m0, int64_t r, float* out) {
-  constexpr int64_t kBlock = kBlockBytes<Kind::kQ4_0>;
+  constexpr int64_t kBlock = kBlockBytes<K>;
   const int64_t nb = cols / 32;
   const uint8_t* p[R];
   for (int i = 0; i < R; ++i) p[i] = w + (r + i) * bpr;
@@ -546,7 +642,7 @@ void q8_pass(const uint8_t* w, int64_t bpr, const Q8Rows& a, int64_t rows, int64
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < MB; ++j) acc[i][j] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    __m256i wq[R];
+    __m256i wq[R], ws[R];  // unsigned values; Q8_0: their signs (ws: the values)
     float d[R];
     for (int i = 0; i < R; ++i) {
       const uint8_t* blk = p[i] + b * kBlock;
@@ -554,15 +650,22 @@ void q8_pass(const uint8_t* w, int64_t bpr, const Q8Rows& a, int64_t rows, int64
       uint16_t h;
       std::memcpy(&h, blk, 2);
       d[i] = _cvtsh_ss(h);
-      wq[i] = q4_bytes(blk);
+      if (K == Kind::kQ4_0) {
+        wq[i] = q4_bytes(blk);
+      } else {
+        ws[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+        wq[i] = _mm256_abs_epi8(ws[i]);
+      }
     }
     for (int j = 0; j < MB; ++j) {
       const int64_t ab = (m0 + j) * nb + b;
       const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + 32 * ab));
-      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.c.data() + 8 * ab));
+      const __m256i c = K == Kind::kQ4_0 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.c.data() + 8 * ab)) : _mm256_setzero_si256();
       const float dx = a.d[ab];
-      for (int i = 0; i < R; ++i)
-        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(c, wq[i], xq)), _mm256_set1_ps(d[i] * dx), acc[i][j]);
+      for (int i = 0; i < R; ++i) {
+        const __m256i sx = K == Kind::kQ4_0 ? xq : _mm256_sign_epi8(xq, ws[i]);  // w * x = |w| * (x with w's sign)
+        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(c, wq[i], sx)), _mm256_set1_ps(d[i] * dx), acc[i][j]);
+      }
     }
   }
   for (int i = 0; i < R; ++i)
@@ -581,8 +684,9 @@ void mapped_rows(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, in
   for (; r < r1; ++r) mapped_pass<K, MB, 1>(w, bpr, x, rows, cols, m0, r, out);
 }
 
+template <Kind K>
 void run_mapped_q8(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const uint8_t* w, int64_t rows, int64_t cols, float* out) {
-  const int64_t bpr = mapped_row_bytes(int64_t(Kind::kQ4_0), cols);
+  const int64_t bpr = mapped_row_bytes(int64_t(K), cols);
   Q8Rows a;
   quantize_q8(x, m_rows, cols, a);
   parallel_for(pool, (rows + 1) / 2, rows * cols * m_rows, [&](int64_t p0, int64_t p1) {
@@ -590,8 +694,8 @@ void run_mapped_q8(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const 
     over_rows(m_rows, [&](int64_t m, auto mb) {
       constexpr int MB = decltype(mb)::value;
       int64_t r = r0;
-      for (; r + 2 <= r1; r += 2) q8_pass<MB, 2>(w, bpr, a, rows, cols, m, r, out);
-      for (; r < r1; ++r) q8_pass<MB, 1>(w, bpr, a, rows, cols, m, r, out);
+      for (; r + 2 <= r1; r += 2) q8_pass<K, MB, 2>(w, bpr, a, rows, cols, m, r, out);
+      for (; r < r1; ++r) q8_pass<K, MB, 1>(w, bpr, a, rows, cols, m, r, out);
     });
   });
 }
@@ -629,15 +733,16 @@ ffi::Error mapped_bytes(const char* what, const ffi::Buffer<ffi::U8>& file, cons
 ffi::Error MappedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> file, ffi::Buffer<ffi::S32> offsets,
                         ffi::AnyBuffer layer, ffi::ResultBuffer<ffi::F32> out, int64_t kind, int64_t activations) {
   const int64_t cols = x.dimensions().back(), m_rows = x.element_count() / cols;
-  if (activations != 0 && (activations != 1 || kind != int64_t(Kind::kQ4_0)))
-    return ffi::Error::InvalidArgument("mapped matmul: Q8_0 activations (activations=1) are for Q4_0 blocks only");
+  if (activations != 0 && activations != 1) return ffi::Error::InvalidArgument("mapped matmul: activations must be 0 (float32) or 1 (Q8_0)");
   const int64_t rows = out->dimensions().back();
   if (auto e = check_dims("mapped matmul", cols, rows, rows, 32); e.failure()) return e;
   if (int64_t(out->element_count()) != m_rows * rows) return ffi::Error::InvalidArgument("mapped matmul: the output's shape");
   const uint8_t* w;
   if (auto e = mapped_bytes("mapped matmul", file, offsets, layer, kind, 0, rows * mapped_row_bytes(kind, cols), w); e.failure()) return e;
-  if (activations == 1)
-    run_mapped_q8(pool, x.typed_data(), m_rows, w, rows, cols, out->typed_data());
+  if (activations == 1 && kind == int64_t(Kind::kQ4_0))
+    run_mapped_q8<Kind::kQ4_0>(pool, x.typed_data(), m_rows, w, rows, cols, out->typed_data());
+  else if (activations == 1)
+    run_mapped_q8<Kind::kQ8_0>(pool, x.typed_data(), m_rows, w, rows, cols, out->typed_data());
   else if (kind == int64_t(Kind::kQ4_0))
     run_mapped<Kind::kQ4_0>(pool, x.typed_data(), m_rows, w, rows, cols, out->typed_data());
   else
@@ -699,6 +804,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_nibbles_matmul, NibblesMatmul,
                                   .Arg<ffi::AnyBuffer>()         // offset, like scale, or empty
                                   .Arg<ffi::AnyBuffer>()         // layer: int32 [] (or empty: no layer axis)
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out [..., rows]
+                                  .Attr<int64_t>("activations")  // 0 float32, 1 Q8_0
 );
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_unpacked_matmul, UnpackedMatmul,
@@ -710,6 +816,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_unpacked_matmul, UnpackedMatmul,
                                   .Arg<ffi::AnyBuffer>()         // offset, like scale, or empty
                                   .Arg<ffi::AnyBuffer>()         // layer: int32 [] (or empty)
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out [..., rows]
+                                  .Attr<int64_t>("activations")  // 0 float32, 1 Q8_0 (groups of 32)
 );
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_mapped_matmul, MappedMatmul,
@@ -721,7 +828,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_mapped_matmul, MappedMatmul,
                                   .Arg<ffi::AnyBuffer>()         // layer: int32 [] (or empty: no layer axis)
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out [..., rows]
                                   .Attr<int64_t>("kind")         // 0 Q4_0, 2 Q8_0
-                                  .Attr<int64_t>("activations")  // 0 float32, 1 Q8_0 (Q4_0 blocks only)
+                                  .Attr<int64_t>("activations")  // 0 float32, 1 Q8_0
 );
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_mapped_dequantize, MappedDequantize,

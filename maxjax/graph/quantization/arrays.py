@@ -161,7 +161,7 @@ class QuantizedArray:
             raise ValueError(f"matmul: x has {shape[-1] if shape else None} features (shape {tuple(shape)}) but {self!r} has {cols} columns")
         lead = math.prod(shape[:-1])
         if policy.native_matmul(self, lead):  # a few rows: maxjax's CPU kernel
-            return kernels.quantized_matmul(x, self)
+            return kernels.quantized_matmul(x, self, activations=policy.activations_for(self, lead))
         n = policy.row_chunks(rows, lead)
         if n > 1:  # dequantize and multiply one block of rows at a time
             return self._in_row_blocks(x, n, policy, lambda a, i, r: lax.dynamic_slice_in_dim(a, i * r, r))
@@ -195,7 +195,7 @@ class QuantizedArray:
         lead = math.prod(shape[:-1])
         float32 = getattr(x, "dtype", None) is not None and np.dtype(x.dtype) == np.float32
         if float32 and policy.native_matmul(self, lead):
-            return kernels.quantized_matmul(x, self, layer)
+            return kernels.quantized_matmul(x, self, layer, activations=policy.activations_for(self, lead))
         rows, cols = self.shape[-2:]
         n = policy.row_chunks(rows, lead)
         if float32 and n > 1 and shape[-1] == cols:
