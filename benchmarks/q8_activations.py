@@ -1,15 +1,17 @@
 """Q8_0 activations for Q4_0 weights read in place (issues 23 and 24): accuracy and decode speed
 against float32 activations, with llama.cpp's perplexity on the same text beside them.
 
-The model is SmolLM2-135M-Instruct requantized to Q4_0 by llama.cpp itself
-(``llama_model_quantize`` through ``llama-cpp-python``, from the bundled Q4_1 file; its token
-embedding stays Q8_0), cached in ``~/.cache/maxjax``. Two maxjax configurations, in one process:
+Two files of SmolLM2-135M-Instruct: the bundled Q4_1 (``nibbles`` in maxjax, its Q8_0 token
+embedding read in place), and the same requantized to Q4_0 by llama.cpp itself
+(``llama_model_quantize`` through ``llama-cpp-python``; read in place), cached in
+``~/.cache/maxjax``. Two maxjax configurations of each, in one process:
 
-- ``float32``: ``load_model(arithmetic="float32")``: the mapped kernel multiplies the file's
-  values by the float32 activations;
+- ``float32``: ``load_model(arithmetic="float32")``: the kernel multiplies the file's values by
+  the float32 activations;
 - ``Q8_0 acts``: ``load_model()`` (``arithmetic="auto"``) where the CPU policy's
-  ``q8_activations_max_rows`` is at least 1: batch-1 decode products quantize each activation row per
-  32-value block to Q8_0 and run integer dots (llama.cpp's ``ggml_vec_dot_q4_0_q8_0``).
+  ``q8_activations_max_rows`` is at least 1: batch-1 decode products quantize each activation
+  row per 32-value block to Q8_0 and run integer dots (llama.cpp's ``ggml_vec_dot_q4_0_q8_0``,
+  ``_q4_1_q8_1``, ``_q8_0_q8_0``).
 
 Measured:
 
@@ -108,51 +110,26 @@ def _decode_perplexity(lm, batches) -> float:
     return float(np.exp(nll / n))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--windows", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--llama-python", default="/work/llamavenv/bin/python", help="a Python with llama_cpp")
-    a = ap.parse_args()
-
-    import glob
-
+def _measure(model: Path, a: argparse.Namespace, batches: list) -> dict:
+    """Perplexity (both configurations and llama.cpp), greedy agreement and decode steps of one file."""
     import jax
     import numpy as np
 
-    from maxjax.backend import policy_for
     from maxjax.models import load_model
-    from maxjax.train.data import TokenStream, load_corpus, python_docs_path
 
-    if not policy_for("cpu").q8_activations_max_rows:
-        raise SystemExit("this CPU's policy keeps float32 activations (no int8 dot instructions, or no mapped kernel): "
-                         "nothing to compare")
-    model = _q4_0_model(a.llama_python)
     lms = {"float32": load_model(model, arithmetic="float32"), "Q8_0 acts": load_model(model)}
-
-    # 1. perplexity, teacher-forced through decode steps; llama.cpp on the same windows
-    try:
-        root = python_docs_path()
-    except FileNotFoundError:
-        root = Path(sorted(glob.glob("/usr/share/doc/python3*/html/_sources"))[0])
-    corpus = load_corpus(root, max_files=60)
-    tok = lms["float32"].tokenizer
-    held = TokenStream.from_texts(corpus.texts("held_out"), tok.encode_batch, tok.eos_token_id)
-    batches = [b.astype(np.int32) for b in held.eval_batches(1, WINDOW, a.windows)]
     ppl = {}
-    for name, lm in lms.items():
+    for name, lm in lms.items():  # 1. perplexity, teacher-forced through decode steps
         ppl[name] = _decode_perplexity(lm, batches)
-        print(f"perplexity {name}: {ppl[name]:.4f}", flush=True)
+        print(f"{model.name}: perplexity {name}: {ppl[name]:.4f}", flush=True)
     windows = RESULTS / "q8_activations_windows.json"
     RESULTS.mkdir(parents=True, exist_ok=True)
     windows.write_text(json.dumps([[int(t) for t in row] for b in batches for row in b]))
-    try:
+    try:  # llama.cpp on the same windows
         out = subprocess.run([a.llama_python, "-c", "import os\n" + LLAMA_PPL, str(model), str(windows)], check=True,
                              capture_output=True, text=True, timeout=1800)  # fmt: skip
         ppl["llama.cpp"] = json.loads(out.stdout.strip().splitlines()[-1])["perplexity"]
-        print(f"perplexity llama.cpp: {ppl['llama.cpp']:.4f}", flush=True)
+        print(f"{model.name}: perplexity llama.cpp: {ppl['llama.cpp']:.4f}", flush=True)
     finally:
         windows.unlink()
 
@@ -174,7 +151,6 @@ def main() -> None:
             out = lm.decode_step(toks, pos, k, v)  # compile
             jax.block_until_ready(out[0])
             caches[name, b] = (toks, pos, out[2], out[3])
-    load0 = os.getloadavg()[0]
     for _ in range(a.rounds):
         for b in BATCHES:
             for name, lm in lms.items():
@@ -187,26 +163,63 @@ def main() -> None:
                 times[name][b].append((time.perf_counter() - t0) / a.steps)
                 caches[name, b] = (toks, pos, k, v)
     step_ms = {n: {b: 1e3 * statistics.median(t) for b, t in d.items()} for n, d in times.items()}
+    return {"model": str(model), "perplexity": ppl, "same_greedy_tokens": same, "step_ms": step_ms}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--windows", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--llama-python", default="/work/llamavenv/bin/python", help="a Python with llama_cpp")
+    a = ap.parse_args()
+
+    import glob
+
+    import jax
+    import numpy as np
+
+    from maxjax._bundled import smollm2_gguf_path
+    from maxjax.backend import policy_for
+    from maxjax.tokenizer import Tokenizer
+    from maxjax.train.data import TokenStream, load_corpus, python_docs_path
+
+    if not policy_for("cpu").q8_activations_max_rows:
+        raise SystemExit("this CPU's policy keeps float32 activations (no int8 dot instructions, or no kernel): "
+                         "nothing to compare")
+    models = {"Q4_1 (bundled)": Path(smollm2_gguf_path()), "Q4_0 (requantized by llama.cpp)": _q4_0_model(a.llama_python)}
+    try:
+        root = python_docs_path()
+    except FileNotFoundError:
+        root = Path(sorted(glob.glob("/usr/share/doc/python3*/html/_sources"))[0])
+    corpus = load_corpus(root, max_files=60)
+    tok = Tokenizer.from_gguf(str(models["Q4_1 (bundled)"]))
+    held = TokenStream.from_texts(corpus.texts("held_out"), tok.encode_batch, tok.eos_token_id)
+    batches = [b.astype(np.int32) for b in held.eval_batches(1, WINDOW, a.windows)]
+    load0 = os.getloadavg()[0]
+    runs = {label: _measure(path, a, batches) for label, path in models.items()}
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": _cpu(), "loadavg": [load0, os.getloadavg()[0]],
-        "model": str(model), "perplexity": ppl, "same_greedy_tokens": same, "step_ms": step_ms,
-        "eval_tokens": len(batches) * (WINDOW - 1), "jax": jax.__version__,
+        "models": runs, "eval_tokens": len(batches) * (WINDOW - 1), "jax": jax.__version__,
     }  # fmt: skip
     lines = [
-        f"SmolLM2-135M-Instruct Q4_0 (requantized by llama.cpp), Q8_0 activations vs float32; CPU {result['cpu']['model']}, "
+        f"SmolLM2-135M-Instruct, Q8_0 activations vs float32 at batch 1; CPU {result['cpu']['model']}, "
         f"{result['cpu']['cores']} cores, flags {' '.join(result['cpu']['flags'])}; load {load0:.1f}->{os.getloadavg()[0]:.1f}",
-        f"{'config':<10} {'perplexity':>10} {'vs f32':>8} {'same greedy':>12} "
+        f"{'file':<32} {'config':<10} {'perplexity':>10} {'vs f32':>8} {'same greedy':>12} "
         + " ".join(f"{f'b{b} ms':>8} {f'b{b} tok/s':>10} {'vs f32':>7}" for b in BATCHES),
     ]
-    for name in lms:
-        row = f"{name:<10} {ppl[name]:>10.4f} {ppl[name] / ppl['float32']:>7.4f}x {same[name]:>11.1%} "
-        for b in BATCHES:
-            ms = step_ms[name][b]
-            row += f" {ms:>8.2f} {b * 1e3 / ms:>10.0f} {step_ms['float32'][b] / ms:>6.2f}x"
-        lines.append(row)
-    if "llama.cpp" in ppl:
-        ratio = ppl["llama.cpp"] / ppl["float32"]
-        lines.append(f"{'llama.cpp':<10} {ppl['llama.cpp']:>10.4f} {ratio:>7.4f}x  (same windows, prompt evaluation)")
+    for label, r in runs.items():
+        ppl, same, step_ms = r["perplexity"], r["same_greedy_tokens"], r["step_ms"]
+        for name in step_ms:
+            row = f"{label:<32} {name:<10} {ppl[name]:>10.4f} {ppl[name] / ppl['float32']:>7.4f}x {same[name]:>11.1%} "
+            for b in BATCHES:
+                ms = step_ms[name][b]
+                row += f" {ms:>8.2f} {b * 1e3 / ms:>10.0f} {step_ms['float32'][b] / ms:>6.2f}x"
+            lines.append(row)
+        if "llama.cpp" in ppl:
+            ratio = ppl["llama.cpp"] / ppl["float32"]
+            lines.append(f"{label:<32} {'llama.cpp':<10} {ppl['llama.cpp']:>10.4f} {ratio:>7.4f}x  (same windows, prompt evaluation)")
     lines.append(f"perplexity over {result['eval_tokens']} held-out tokens, teacher-forced batch-1 decode steps; greedy "
                  f"tokens: 16 prompts x {a.new_tokens}, each alone; decode step: cache of 256 positions, medians of "
                  "interleaved rounds")  # fmt: skip
@@ -219,14 +232,17 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    x = np.arange(len(BATCHES))
-    for i, name in enumerate(lms):
-        ax.bar(x + (i - 0.5) * 0.4, [b * 1e3 / step_ms[name][b] for b in BATCHES], 0.4, label=f"{name} (ppl {ppl[name]:.3f})")
-    ax.set_xticks(x, [f"batch {b}" for b in BATCHES])
-    ax.set_ylabel("decode tokens / s")
-    ax.set_title("SmolLM2-135M Q4_0 decode: Q8_0 vs float32 activations (CPU)")
-    ax.legend()
+    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4), squeeze=False)
+    for ax, (label, r) in zip(axes[0], runs.items()):
+        x = np.arange(len(BATCHES))
+        for i, name in enumerate(r["step_ms"]):
+            ax.bar(x + (i - 0.5) * 0.4, [b * 1e3 / r["step_ms"][name][b] for b in BATCHES], 0.4,
+                   label=f"{name} (ppl {r['perplexity'][name]:.3f})")  # fmt: skip
+        ax.set_xticks(x, [f"batch {b}" for b in BATCHES])
+        ax.set_ylabel("decode tokens / s")
+        ax.set_title(f"SmolLM2-135M {label}")
+        ax.legend()
+    fig.suptitle("Q8_0 vs float32 activations (CPU)")
     fig.tight_layout()
     fig.savefig(RESULTS / "q8_activations.png", dpi=100)
 
