@@ -24,8 +24,8 @@ from test_quantization import _smollm2_path, random_blocks
 
 RNG = np.random.default_rng(7)
 # the CPU policy with float32 activations: the products here are the float32 ones (Q8_0
-# activations, the policy's choice for one row on CPUs with int8 dots: tests/test_mapped.py)
-CPU = dataclasses.replace(policy_for("cpu"), q8_activations_max_rows=0)
+# activations, the policy's choice on CPUs with int8 dots: tests/test_mapped.py)
+CPU = dataclasses.replace(policy_for("cpu"), q8_activations=False)
 XLA = dataclasses.replace(CPU, native_matmul_max_rows=0)  # the same policy with XLA's products
 
 

@@ -3,6 +3,8 @@ the backend policy chooses the layout; ops that read raw bytes keep a weight pac
 
 from __future__ import annotations
 
+import dataclasses
+
 import gguf
 import jax
 import numpy as np
@@ -23,6 +25,9 @@ from maxjax.graph.quantization import (
 )
 
 RNG = np.random.default_rng(7)
+# the CPU policy with float32 activations in maxjax's kernel: the layouts' products are then equal
+# bit for bit (Q8_0 activations, the default on CPUs with int8 dots: equal up to float32 rounding)
+F32_ACTIVATIONS = dataclasses.replace(policy_for("cpu"), q8_activations=False)
 
 
 def _quantized(rows, cols, qtype):
@@ -50,7 +55,7 @@ def test_unpacked_layout_matches_packed(enc, qtype):
     ids = RNG.integers(0, 40, (2, 3)).astype(np.int32)
     outs = {}
     for layout in ("packed", "nibbles", "unpacked", "dequantized"):
-        prog = Program(g, quantized_layout=layout)
+        prog = Program(g, quantized_layout=layout, policy=F32_ACTIVATIONS)
         state = prog.prepare(m.state_dict())
         kinds = {k: type(v) for k, v in state["weights"].items()}
         expected = {"packed": PackedArray, "unpacked": UnpackedArray, "dequantized": DequantizedArray}
@@ -59,7 +64,12 @@ def test_unpacked_layout_matches_packed(enc, qtype):
         assert kinds == {"embed.weight": expected[layout], "proj.weight": proj}
         assert state["weights"]["proj.weight"].shape == (64, 64)  # the logical shape, in every layout
         outs[layout] = np.asarray(jax.jit(prog.apply)(state, ids)[0])
+        if layout in ("nibbles", "unpacked"):  # the default policy's activations, whichever they are
+            prog = Program(g, quantized_layout=layout)
+            outs[layout + " default"] = np.asarray(jax.jit(prog.apply)(prog.prepare(m.state_dict()), ids)[0])
     np.testing.assert_array_equal(outs["nibbles"], outs["unpacked"])
+    np.testing.assert_allclose(outs["nibbles default"], outs["unpacked default"], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(outs["nibbles default"], outs["nibbles"], rtol=0.02, atol=0.02 * np.abs(outs["nibbles"]).max())
     np.testing.assert_allclose(outs["unpacked"], outs["packed"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(outs["dequantized"], outs["packed"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(outs["packed"], np.asarray(m(ids)), rtol=1e-5, atol=1e-5)
@@ -113,12 +123,12 @@ def test_the_policy_picks_the_layout_from_the_cpu_features():
 def test_matmul_of_a_large_weight_in_row_blocks_matches():
     packed = _quantized(2048 + 1024, 64, gguf.GGMLQuantizationType.Q8_0)  # three 1024-row blocks
     r = UnpackedArray.from_packed(QuantizationEncoding.Q8_0, jax.numpy.asarray(packed))
-    cpu = policy_for("cpu")
+    cpu = F32_ACTIVATIONS
     assert cpu.dequant_row_chunk == 1024 and cpu.row_chunks(3072, 6) == 3 and cpu.row_chunks(3072, 1) == 1
     assert cpu.row_chunks(2048, 6) == 2 and cpu.row_chunks(1536, 6) == 1 and cpu.row_chunks(3000, 6) == 1
     w = np.asarray(dequantize(QuantizationEncoding.Q8_0, jax.numpy.asarray(packed)), np.float64)
     x = RNG.standard_normal((2, 3, 64)).astype(np.float32)
-    for policy in (policy_for("cpu"), policy_for("gpu")):  # in row blocks, and whole
+    for policy in (F32_ACTIVATIONS, policy_for("gpu")):  # in row blocks, and whole
         out = np.asarray(jax.jit(lambda x, r: r.matmul(x, policy))(x, r))
         assert out.shape == (2, 3, 3072)
         np.testing.assert_allclose(out, x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-4)
@@ -132,7 +142,7 @@ def test_a_stacked_layer_in_row_blocks_matches(cls, qtype):
     enc = QuantizationEncoding(qtype.name)
     layers = [_quantized(3072, 64, qtype) for _ in range(3)]  # three 1024-row blocks a layer
     stack = cls.from_packed(enc, jax.numpy.asarray(np.stack(layers)))
-    cpu = policy_for("cpu")
+    cpu = F32_ACTIVATIONS
     x = RNG.standard_normal((2, 20, 64)).astype(np.float32)  # 40 rows: past the kernel's 32
     assert cpu.row_chunks(3072, 40) == 3 and not cpu.native_matmul(stack, 40)
     for layer, source in ((1, 1), (7, 2), (-3, 0)):
@@ -164,7 +174,7 @@ def test_matmul_of_long_rows_in_column_blocks_matches(layout):
 @pytest.mark.parametrize("lead", [(1,), (2,), (4, 4), (17,), (2, 64)])
 def test_matmul_t_on_either_side_of_the_weight_left_range(lead):
     """1 row and more than 16 rows: x @ w.T; 2 to 16 rows: (w @ x.T).T. Same numbers, same gradient."""
-    cpu = policy_for("cpu")
+    cpu = F32_ACTIVATIONS
     assert cpu.weight_left_max_rows == 16
     packed = _quantized(96, 64, gguf.GGMLQuantizationType.Q4_1)
     nib = NibbleArray.from_packed(QuantizationEncoding.Q4_1, jax.numpy.asarray(packed))
@@ -185,7 +195,7 @@ def test_a_stored_weight_is_contracted_in_its_stored_layout(dtype):
     ``dot_general`` over its axis 1, with no transpose for XLA:CPU to materialise (one row of a
     float32 [2048, 8192] weight: 97 ms transposed, 3.8 ms in place), and the platform policy's
     ``autocast`` is off, so equal dtypes never take the autocast product."""
-    cpu = policy_for("cpu")
+    cpu = F32_ACTIVATIONS
     assert not cpu.autocast
     w = jax.numpy.asarray(RNG.standard_normal((48, 64)), dtype)  # [out, in]
     x = jax.numpy.asarray(RNG.standard_normal((1, 64)), dtype)

@@ -99,7 +99,7 @@ def test_gradients_equal_finite_differences(setup):
 def test_grad_of_quantized_weights_is_refused_with_the_fix():
     from maxjax.models import load_model
 
-    lm = load_model()
+    lm = load_model(arithmetic="float32")  # the file's values times float32 activations, as the float copy's
     with pytest.raises(TypeError, match=r"is a Q4_1-quantized weight .*maxjax\.train\.dequantized\(module\)"):
         train.grad(lambda s: 0.0)(lm.state)
     # the float copy trains: every weight is float32, named as before, same logits

@@ -53,19 +53,23 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   0.93x -> 1.08x once the distance ran along each stream's rows); ``benchmarks/results/
   scale_mapped_avx512.txt`` and ``scale_zen5_avx512.txt`` have 1B to 8B against llama.cpp).
   AVX2 CPUs (no 16-entry table in one register; unmeasured), GPU, TPU: ``()``.
-- ``q8_activations_max_rows``: a quantized weight's products in the kernel with 1 to this many
-  input rows quantize each activation row per 32-value block to Q8_0 and multiply in integer
-  dots (vpdpbusd), scaled by both blocks' scales afterwards (plus a weight block's offset times
-  the activations' sum): llama.cpp's arithmetic (``ggml_vec_dot_q4_0_q8_0``, ``_q4_1_q8_1``,
-  ``_q8_0_q8_0``), not the file's float32 product (:func:`maxjax.backend.kernels.
-  quantized_matmul`; ``nibbles`` and ``mapped`` weights, and ``unpacked`` ones with a scale per
-  32 values). ``load_model(arithmetic="float32")`` turns it off. CPU with AVX-512 where the
-  kernels build and int8 dot instructions (AVX512_VNNI or AVX-VNNI): 1 (2-core Zen 5 EPYC:
-  Llama-3.2-1B-shaped Q4_0 decode 1.40x the float32 activations' speed at batch 1, 1.03x at 4,
-  0.93x at 16 and 0.96x at 32, where the kernel is bound by arithmetic, not memory; its Q8_0
-  0.98x, bound by memory either way; SmolLM2 Q4_1 1.10-1.14x; SmolLM2 requantized to Q4_0 by
-  llama.cpp: 1.24x, held-out perplexity +0.33% against float32 activations, llama.cpp's own
-  +0.54%; ``benchmarks/results/q8_activations_zen5_avx512.txt``); others: 0 (unmeasured).
+- ``q8_activations``: every product with a GGUF-quantized weight (any layout but ``int8``) takes
+  its activations rounded to Q8_0 blocks, per 32 values (llama.cpp's ``quantize_row_q8_0``):
+  llama.cpp's arithmetic (``ggml_vec_dot_q4_0_q8_0``, ``_q4_1_q8_1``, ``_q8_0_q8_0``), and MAX's
+  on the CPU (its K-quant kernels quantize the activations to Q8_K), not the file's float32
+  product. In maxjax's kernel those are integer dots (vpdpbusd), scaled by both blocks' scales
+  afterwards (:func:`maxjax.backend.kernels.quantized_matmul`; ``nibbles``, ``mapped`` and
+  ``unpacked`` weights with a scale per 32 values); elsewhere (a prompt's GEMM, Q6_K) the
+  activations are rounded (:func:`maxjax.graph.quantization.blocks.q8_0_round`) and multiplied
+  in float32: the same values whatever the batch, the prompt's length or the path, so a row's
+  tokens do not depend on the rows served beside it. ``load_model(arithmetic="float32")`` turns
+  it off. CPU with AVX-512 where the kernels build and int8 dot instructions (AVX512_VNNI or
+  AVX-VNNI): True (2-core Zen 5 EPYC, decode steps against float32 activations: a
+  Llama-3.2-1B-shaped Q4_0 1.37x at batch 1, 1.12x at 4, 0.94x at 16, 1.00x at 32; its Q8_0 0.98x
+  at batch 1, bound by memory either way; SmolLM2 Q4_1 1.21x, 1.09x, 0.95x, 1.04x; held-out
+  perplexity of SmolLM2 +0.25% (Q4_1) and +0.37% (requantized to Q4_0 by llama.cpp), llama.cpp's
+  own +0.54% on both, ``benchmarks/results/q8_activations_zen5_avx512.txt``); others: False
+  (unmeasured).
 - ``release_heap_after_compile``: after a load and after each compile of a model's programs
   (``CausalLM``'s generation, the serving engine's warmup and steps), the process returns the
   memory XLA's compiler freed to the operating system (glibc's ``malloc_trim``,
@@ -240,8 +244,8 @@ class BackendPolicy:
         host_layout_conversion: GGUF blocks are converted to the run-time layout on the host
             where the layout allows (see above).
         arithmetic: ``"float32"`` or ``"int8"``, what ``arithmetic="auto"`` means.
-        q8_activations_max_rows: most input rows for which a mapped Q4_0 weight's kernel
-            product quantizes its activations to Q8_0 blocks (0: never; see above).
+        q8_activations: products with GGUF-quantized weights take their activations rounded to
+            Q8_0 blocks (see above).
         release_heap_after_compile: a model's generation and serving give the heap that a compile
             of their programs freed back to the system (see above).
         grouped_attention: ``"always"``, ``"decode"``, ``"batched_decode"`` or ``"never"``.
@@ -280,7 +284,7 @@ class BackendPolicy:
     native_matmul_max_rows: int = 0
     host_layout_conversion: bool = False
     arithmetic: str = "float32"
-    q8_activations_max_rows: int = 0
+    q8_activations: bool = False
     release_heap_after_compile: bool = False
     grouped_attention: str = "always"
     encoder_rows: int = 256
@@ -302,8 +306,6 @@ class BackendPolicy:
             raise ValueError(f"BackendPolicy.grouped_attention must be one of {_GROUPED}, got {self.grouped_attention!r}")
         if self.arithmetic not in ("float32", "int8"):
             raise ValueError(f"BackendPolicy.arithmetic must be 'float32' or 'int8', got {self.arithmetic!r}")
-        if self.q8_activations_max_rows < 0:
-            raise ValueError(f"BackendPolicy.q8_activations_max_rows must be at least 0, got {self.q8_activations_max_rows}")
         if self.layer_weights not in LAYER_WEIGHTS:
             raise ValueError(f"BackendPolicy.layer_weights must be one of {LAYER_WEIGHTS}, got {self.layer_weights!r}")
         unknown = set(self.mapped_encodings) - {"Q4_0", "Q8_0"}
@@ -387,19 +389,6 @@ class BackendPolicy:
         from maxjax.backend import kernels
 
         return kernels.supports(w) and kernels.available()
-
-    def activations_for(self, w: Any, lead: Any) -> str:
-        """How the kernel takes the activations of ``x @ w.T`` (``lead`` rows in ``x``) for a
-        quantized weight it multiplies (:meth:`native_matmul`): ``"Q8_0"`` for a weight it
-        multiplies so (a ``nibbles`` one, a mapped Q4_0 one) and 1 to
-        :attr:`q8_activations_max_rows` rows, else ``"float32"`` (see
-        :func:`maxjax.backend.kernels.quantized_matmul`)."""
-        if isinstance(lead, (int, np.integer)) and 0 < lead <= self.q8_activations_max_rows:
-            from maxjax.backend import kernels
-
-            if kernels.takes_q8_0_activations(w):
-                return "Q8_0"
-        return "float32"
 
     def row_chunks(self, rows: int, lead: Any) -> int:
         """How many row blocks a quantized weight of ``rows`` rows is dequantized in when it
@@ -519,7 +508,7 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
         bfloat16_frozen_kernel=_amx.AMX_FLAGS <= flags,
         quantized_layout="nibbles" if avx512 else "unpacked",
         mapped_encodings=("Q4_0", "Q8_0") if avx512 and kernel else (),
-        q8_activations_max_rows=1 if avx512 and kernel and flags & INT8_DOT_CPU_FLAGS else 0,
+        q8_activations=bool(avx512 and kernel and flags & INT8_DOT_CPU_FLAGS),
         release_heap_after_compile=True,
         weight_left_max_rows=16,
         dequant_row_chunk=1024,

@@ -278,9 +278,9 @@ def load_model(
     :class:`~maxjax.graph.quantization.Int8Array`; not bit-identical to the file); ``"float32"``
     multiplies the file's values exactly with float32 activations; ``"auto"`` (default) is the
     backend policy's ``arithmetic`` (float32 layouts on every platform for now) with its
-    ``q8_activations_max_rows``: on a CPU with int8 dot instructions (AVX-512 VNNI, AVX-VNNI),
-    batch-1 decode steps' products with Q4_0 weights read in place quantize their activations to
-    Q8_0 blocks, as llama.cpp's CPU backend does (the weights stay the file's).
+    ``q8_activations``: on a CPU with int8 dot instructions (AVX-512 VNNI, AVX-VNNI), every
+    product with a quantized weight takes its activations rounded to Q8_0 blocks, as llama.cpp's
+    and MAX's CPU kernels do (the weights stay the file's; decode steps run integer dots).
 
     ``quantized_layout`` is how a GGUF's quantized weights are kept in memory (see
     :class:`CausalLM`; None: the backend policy's choice for the platform), ``policy`` the
@@ -359,14 +359,14 @@ def _layout_for_arithmetic(arithmetic: str, quantized_layout: str | None, policy
 
 def _policy_for_arithmetic(arithmetic: str, policy: Any) -> Any:
     """``policy`` (None: the default backend's) as ``arithmetic`` runs it: ``"float32"`` takes every
-    product's activations as they are (no Q8_0 activations for mapped Q4_0 weights: the policy's
-    ``q8_activations_max_rows`` 0); ``policy`` itself otherwise."""
+    product's activations as they are (the policy's ``q8_activations`` off); ``policy`` itself
+    otherwise."""
     import dataclasses
 
     from maxjax.backend import policy_for
 
-    if arithmetic == "float32" and policy_for(policy).q8_activations_max_rows:
-        return dataclasses.replace(policy_for(policy), q8_activations_max_rows=0)
+    if arithmetic == "float32" and policy_for(policy).q8_activations:
+        return dataclasses.replace(policy_for(policy), q8_activations=False)
     return policy
 
 

@@ -47,7 +47,7 @@ import numpy as np
 from jax import lax
 
 from maxjax.backend import BackendPolicy, kernels, policy_for
-from maxjax.graph.quantization.blocks import Q4_BLOCK_ENCODINGS, _dequantize_jit, check_packed, combine, q4_blocks, unpack
+from maxjax.graph.quantization.blocks import Q4_BLOCK_ENCODINGS, _dequantize_jit, check_packed, combine, q4_blocks, q8_0_round, unpack
 from maxjax.graph.quantization.encoding import QuantizationEncoding, as_encoding
 
 __all__ = [
@@ -161,7 +161,8 @@ class QuantizedArray:
             raise ValueError(f"matmul: x has {shape[-1] if shape else None} features (shape {tuple(shape)}) but {self!r} has {cols} columns")
         lead = math.prod(shape[:-1])
         if policy.native_matmul(self, lead):  # a few rows: maxjax's CPU kernel
-            return kernels.quantized_matmul(x, self, activations=policy.activations_for(self, lead))
+            return self._kernel_product(x, None, policy)
+        x = self._activations(x, policy)
         n = policy.row_chunks(rows, lead)
         if n > 1:  # dequantize and multiply one block of rows at a time
             return self._in_row_blocks(x, n, policy, lambda a, i, r: lax.dynamic_slice_in_dim(a, i * r, r))
@@ -195,10 +196,11 @@ class QuantizedArray:
         lead = math.prod(shape[:-1])
         float32 = getattr(x, "dtype", None) is not None and np.dtype(x.dtype) == np.float32
         if float32 and policy.native_matmul(self, lead):
-            return kernels.quantized_matmul(x, self, layer, activations=policy.activations_for(self, lead))
+            return self._kernel_product(x, layer, policy)
         rows, cols = self.shape[-2:]
         n = policy.row_chunks(rows, lead)
         if float32 and n > 1 and shape[-1] == cols:
+            x = self._activations(x, policy)
             # each block of rows is sliced out of the stack as it is dequantized, never the whole
             # layer first (an 8B-shaped down_proj layer is 33 MB of Q4_0)
             def leaf(a: Any, i: Any, r: int) -> Any:
@@ -206,6 +208,24 @@ class QuantizedArray:
 
             return self._in_row_blocks(x, n, policy, leaf)
         return self.layer(layer).matmul(x, policy)
+
+    def _rounds_activations(self, policy: BackendPolicy) -> bool:
+        """Whether ``policy`` multiplies this weight by Q8_0-rounded activations (its
+        ``q8_activations``: GGUF block encodings in any layout but ``int8``, which has its own)."""
+        return policy.q8_activations and getattr(self.encoding, "is_gguf", False) and self.layout != "int8"
+
+    def _activations(self, x: Any, policy: BackendPolicy) -> Any:
+        """``x`` as a product of this weight outside maxjax's kernel takes it: rounded to Q8_0
+        blocks where :meth:`_rounds_activations` (:func:`~maxjax.graph.quantization.blocks.q8_0_round`)."""
+        return q8_0_round(x) if self._rounds_activations(policy) else x
+
+    def _kernel_product(self, x: Any, layer: Any, policy: BackendPolicy) -> jax.Array:
+        """``x @ W.T`` in maxjax's kernel (``policy.native_matmul`` said so): with Q8_0
+        activations as integer dots where the policy rounds them and the kernel takes them so,
+        else on the rounded (or given) float32 activations: the same values either way."""
+        if self._rounds_activations(policy) and kernels.takes_q8_0_activations(self):
+            return kernels.quantized_matmul(x, self, layer, activations="Q8_0")
+        return kernels.quantized_matmul(self._activations(x, policy), self, layer)
 
     def _in_row_blocks(self, x: Any, n: int, policy: BackendPolicy, leaf: Any) -> jax.Array:
         """``x [..., cols]`` times the weight's ``n`` blocks of rows, one block dequantized at a

@@ -34,7 +34,7 @@ from jax import lax
 
 from maxjax.graph.quantization.encoding import GGUF_ENCODINGS, QuantizationEncoding, as_encoding
 
-__all__ = ["Q4_BLOCK_ENCODINGS", "UNPACKERS", "check_packed", "combine", "dequantize", "q4_blocks", "unpack"]
+__all__ = ["Q4_BLOCK_ENCODINGS", "UNPACKERS", "check_packed", "combine", "dequantize", "q4_blocks", "q8_0_round", "unpack"]
 
 _E = QuantizationEncoding
 
@@ -279,3 +279,21 @@ def _dequantize_jit(enc: QuantizationEncoding, packed: jax.Array) -> jax.Array:
     nb = row_bytes // bsize
     q, scale, offset = UNPACKERS[enc](packed.reshape(*lead, nb, bsize))
     return combine(q, scale, offset).reshape(*lead, nb * bpe)
+
+
+@jax.custom_vjp
+def q8_0_round(x: jax.Array) -> jax.Array:
+    """``x`` float32 ``[..., cols]`` (``cols`` a multiple of 32) as Q8_0 blocks hold it: per 32
+    values, ``d = max |x| / 127`` and ``q = round-half-even(x * (1 / d))``, returned as ``q * d``
+    (llama.cpp's ``quantize_row_q8_0`` with a float32 ``d``; the activations of the products that
+    maxjax's CPU kernel runs as integer dots, ``maxjax.backend.kernels.quantized_matmul(...,
+    activations="Q8_0")``, so that a product in XLA multiplies the same values). Its gradient is
+    the identity (a straight-through estimator, as the kernel's cotangent is the float32 one)."""
+    xb = x.reshape(*x.shape[:-1], -1, 32)
+    d = jnp.max(jnp.abs(xb), axis=-1, keepdims=True) / jnp.float32(127)
+    inv = jnp.where(d != 0, jnp.float32(1) / jnp.where(d != 0, d, 1), 0)
+    return (jnp.round(xb * inv) * d).reshape(x.shape)
+
+
+q8_0_round.defvjp(lambda x: (q8_0_round(x), None), lambda _, g: (g,))
+

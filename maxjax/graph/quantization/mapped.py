@@ -164,9 +164,8 @@ class MappedArray(QuantizedArray):
     def matmul(self, x: Any, policy: Any = None) -> jax.Array:
         """``x @ W.T`` (see :meth:`QuantizedArray.matmul`). Where maxjax's CPU kernel reads this
         weight (the policy's ``native_matmul``): a few rows multiply in it, reading the blocks in
-        place (a Q4_0 weight's with the activations quantized to Q8_0 blocks where the policy's
-        :meth:`~maxjax.backend.BackendPolicy.activations_for` says so: llama.cpp's arithmetic),
-        and more rows (a prompt) multiply in XLA's GEMM against the weight dequantized by
+        place (with the activations quantized to Q8_0 blocks where the policy's ``q8_activations``
+        says so: llama.cpp's arithmetic, and those rounded so for XLA's products), and more rows (a prompt) multiply in XLA's GEMM against the weight dequantized by
         the kernel, a block of rows at a time (``BackendPolicy.row_chunks``). Elsewhere, as the
         stored blocks' :class:`PackedArray` (a copy of the weight's bytes, dequantized by XLA)."""
         if self.offsets.ndim:
@@ -187,9 +186,9 @@ class MappedArray(QuantizedArray):
         lead = math.prod(shape[:-1])
         float32 = np.dtype(getattr(x, "dtype", np.float64)) == np.float32 and shape[-1:] == (self.cols,)
         if float32 and policy.native_matmul(self, lead):  # a few rows: the kernel reads the blocks in place
-            return self._in_order(kernels.quantized_matmul(x, self, layer, activations=policy.activations_for(self, lead)), -1)
+            return self._in_order(self._kernel_product(x, layer, policy), -1)
         if float32 and policy.native_matmul(self, 1):  # a prompt: blocks of rows dequantized by the kernel for XLA's GEMM
-            flat = x.reshape(-1, self.cols)
+            flat = self._activations(x, policy).reshape(-1, self.cols)
             n = policy.row_chunks(self.rows, lead)
             r = self.rows // n
             if n > 1:
