@@ -8,10 +8,9 @@ embedding read in place), and the same requantized to Q4_0 by llama.cpp itself
 
 - ``float32``: ``load_model(arithmetic="float32")``: the kernel multiplies the file's values by
   the float32 activations;
-- ``Q8_0 acts``: ``load_model()`` (``arithmetic="auto"``) where the CPU policy's
-  ``q8_activations_max_rows`` is at least 1: batch-1 decode products quantize each activation
-  row per 32-value block to Q8_0 and run integer dots (llama.cpp's ``ggml_vec_dot_q4_0_q8_0``,
-  ``_q4_1_q8_1``, ``_q8_0_q8_0``).
+- ``Q8_0 acts``: ``load_model(arithmetic="q8_0")`` (the policy's ``q8_activations``): decode
+  products quantize each activation row per 32-value block to Q8_0 and run integer dots
+  (llama.cpp's ``ggml_vec_dot_q4_0_q8_0``, ``_q4_1_q8_1``, ``_q8_0_q8_0``).
 
 Measured:
 
@@ -117,7 +116,7 @@ def _measure(model: Path, a: argparse.Namespace, batches: list) -> dict:
 
     from maxjax.models import load_model
 
-    lms = {"float32": load_model(model, arithmetic="float32"), "Q8_0 acts": load_model(model)}
+    lms = {"float32": load_model(model, arithmetic="float32"), "Q8_0 acts": load_model(model, arithmetic="q8_0")}
     ppl = {}
     for name, lm in lms.items():  # 1. perplexity, teacher-forced through decode steps
         ppl[name] = _decode_perplexity(lm, batches)
@@ -181,13 +180,9 @@ def main() -> None:
     import numpy as np
 
     from maxjax._bundled import smollm2_gguf_path
-    from maxjax.backend import policy_for
     from maxjax.tokenizer import Tokenizer
     from maxjax.train.data import TokenStream, load_corpus, python_docs_path
 
-    if not policy_for("cpu").q8_activations_max_rows:
-        raise SystemExit("this CPU's policy keeps float32 activations (no int8 dot instructions, or no kernel): "
-                         "nothing to compare")
     models = {"Q4_1 (bundled)": Path(smollm2_gguf_path()), "Q4_0 (requantized by llama.cpp)": _q4_0_model(a.llama_python)}
     try:
         root = python_docs_path()

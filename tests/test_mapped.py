@@ -242,19 +242,20 @@ def test_a_q4_0_model_is_read_in_place_and_decodes_as_nibbles(tiny):
     assert a.token_ids == b.token_ids
 
 
-def test_q8_0_activations_unless_float32_is_asked_for_and_whatever_the_batch(tiny):
-    """With the policy's ``q8_activations``, a Q4_0 model read in place multiplies Q8_0-rounded
-    activations: prompt logits close to the float32 ones but not equal; ``arithmetic="float32"``
-    gives the nibbles layout's float32 logits bit for bit again. A row's decode logits are the same
+def test_q8_0_activations_where_asked_for_whatever_the_path(tiny):
+    """``arithmetic="q8_0"`` (the policy's ``q8_activations``): a Q4_0 model read in place
+    multiplies Q8_0-rounded activations, prompt logits close to the float32 ones but not equal;
+    ``"float32"`` and the default give the nibbles layout's float32 logits bit for bit. A row's decode logits are the same
     alone and beside another row (integer dots per row), and a prompt's last logits are the same
     whether its rows run in the kernel (a short prompt) or in XLA's GEMM (the rows of a longer
     batch): the rounding is one definition."""
     from maxjax.models import load_model
 
-    policy = dataclasses.replace(policy_for("cpu"), mapped_encodings=("Q4_0", "Q8_0"), q8_activations=True)
-    lms = {a: load_model(tiny, policy=policy, arithmetic=a) for a in ("auto", "float32")}
-    ref = load_model(tiny, quantized_layout="nibbles", arithmetic="float32")
-    lm = lms["auto"]
+    policy = dataclasses.replace(policy_for("cpu"), mapped_encodings=("Q4_0", "Q8_0"))
+    lms = {a: load_model(tiny, policy=policy, arithmetic=a) for a in ("q8_0", "float32")}
+    assert [m.program.policy.q8_activations for m in lms.values()] == [True, False]
+    ref = load_model(tiny, quantized_layout="nibbles")  # auto: float32
+    lm = lms["auto"] = lms.pop("q8_0")
     ids = np.asarray([lm.encode_prompt("Hello there, how are")], np.int32)
     n = ids.shape[1]
     logits = {k: np.asarray(m.prefill(ids, [n], *m.new_cache(1, 32))[1]) for k, m in {**lms, "ref": ref}.items()}
@@ -271,6 +272,18 @@ def test_q8_0_activations_unless_float32_is_asked_for_and_whatever_the_batch(tin
         k_cache, v_cache = lm.new_cache(len(tokens), 16)
         steps.append(np.asarray(lm.decode_step(tokens, np.zeros(len(tokens), np.int32), k_cache, v_cache)[1])[:1])
     np.testing.assert_allclose(steps[1], steps[0], rtol=1e-5, atol=1e-5 * np.abs(steps[0]).max())
+
+
+def test_q8_0_arithmetic_is_refused_where_it_cannot_apply(tiny, tmp_path):
+    """``arithmetic="q8_0"`` with the requantized ``int8`` layout, or on a Hugging Face model
+    of float weights: one line that says why and what runs instead."""
+    from maxjax.models import load_model
+
+    with pytest.raises(ValueError, match=r"arithmetic='q8_0' multiplies the file's values; quantized_layout='int8' requantizes them"):
+        load_model(tiny, arithmetic="q8_0", quantized_layout="int8")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"arithmetic='q8_0' needs a GGUF-quantized model; .* has float weights \(arithmetic='float32' runs it\)"):
+        load_model(tmp_path, arithmetic="q8_0")
 
 
 def test_a_mesh_refuses_an_explicit_mapped_layout(tiny):

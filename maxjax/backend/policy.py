@@ -57,19 +57,24 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   its activations rounded to Q8_0 blocks, per 32 values (llama.cpp's ``quantize_row_q8_0``):
   llama.cpp's arithmetic (``ggml_vec_dot_q4_0_q8_0``, ``_q4_1_q8_1``, ``_q8_0_q8_0``), and MAX's
   on the CPU (its K-quant kernels quantize the activations to Q8_K), not the file's float32
-  product. In maxjax's kernel those are integer dots (vpdpbusd), scaled by both blocks' scales
-  afterwards (:func:`maxjax.backend.kernels.quantized_matmul`; ``nibbles``, ``mapped`` and
-  ``unpacked`` weights with a scale per 32 values); elsewhere (a prompt's GEMM, Q6_K) the
-  activations are rounded (:func:`maxjax.graph.quantization.blocks.q8_0_round`) and multiplied
-  in float32: the same values whatever the batch, the prompt's length or the path, so a row's
-  tokens do not depend on the rows served beside it. ``load_model(arithmetic="float32")`` turns
-  it off. CPU with AVX-512 where the kernels build and int8 dot instructions (AVX512_VNNI or
-  AVX-VNNI): True (2-core Zen 5 EPYC, decode steps against float32 activations: a
-  Llama-3.2-1B-shaped Q4_0 1.37x at batch 1, 1.12x at 4, 0.94x at 16, 1.00x at 32; its Q8_0 0.98x
-  at batch 1, bound by memory either way; SmolLM2 Q4_1 1.21x, 1.09x, 0.95x, 1.04x; held-out
-  perplexity of SmolLM2 +0.25% (Q4_1) and +0.37% (requantized to Q4_0 by llama.cpp), llama.cpp's
-  own +0.54% on both, ``benchmarks/results/q8_activations_zen5_avx512.txt``); others: False
-  (unmeasured).
+  product. In maxjax's kernel those are integer dots (vpdpbusd, or vpmaddubsw without VNNI),
+  scaled by both blocks' scales afterwards (:func:`maxjax.backend.kernels.quantized_matmul`;
+  ``nibbles``, ``mapped`` and ``unpacked`` weights with a scale per 32 values); elsewhere (a
+  prompt's GEMM, Q6_K) the activations are rounded
+  (:func:`maxjax.graph.quantization.blocks.q8_0_round`) and multiplied in float32: the same
+  values on every path. Such a program's compile keeps YNNPACK's reductions out (only its dots:
+  jaxlib 0.10.2 computed one of them wrongly in a prompt of 15 rows or more of the tests' tiny
+  Llama, logits 1.4% off where every other path agreed to 3e-7). Asked for by
+  ``load_model(arithmetic="q8_0")`` (``--arithmetic q8_0``); every platform: False. Not the
+  default, although it is faster where the kernel runs and as accurate as llama.cpp: rounding
+  turns the float32 differences between paths (a batch's products, weight-left GEMMs) into
+  whole quantization steps, so a row's tokens may change with the rows decoded beside it
+  (float32 keeps the serving engine's rows equal to ``generate``'s). 2-core Zen 5 EPYC, decode
+  steps against float32 activations: a Llama-3.2-1B-shaped Q4_0 1.37x at batch 1, 1.12x at 4,
+  0.94x at 16, 1.00x at 32; its Q8_0 0.98x at batch 1, bound by memory either way; SmolLM2 Q4_1
+  1.21x, 1.09x, 0.95x, 1.04x; held-out perplexity of SmolLM2 +0.25% (Q4_1) and +0.37%
+  (requantized to Q4_0 by llama.cpp), llama.cpp's own +0.54% on both
+  (``benchmarks/results/q8_activations_zen5_avx512.txt``).
 - ``release_heap_after_compile``: after a load and after each compile of a model's programs
   (``CausalLM``'s generation, the serving engine's warmup and steps), the process returns the
   memory XLA's compiler freed to the operating system (glibc's ``malloc_trim``,
@@ -320,6 +325,8 @@ class BackendPolicy:
         opts = dict(self.xla_options)
         if np.dtype(dtype) == np.float32:
             opts.update(self.wide_vector_options)
+        if self.q8_activations and self.platform == "cpu":  # see ``q8_activations``
+            opts["xla_cpu_experimental_ynn_fusion_type"] = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
         return opts or None
 
     # -- matmuls -----------------------------------------------------------------------------
@@ -508,7 +515,6 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
         bfloat16_frozen_kernel=_amx.AMX_FLAGS <= flags,
         quantized_layout="nibbles" if avx512 else "unpacked",
         mapped_encodings=("Q4_0", "Q8_0") if avx512 and kernel else (),
-        q8_activations=bool(avx512 and kernel and flags & INT8_DOT_CPU_FLAGS),
         release_heap_after_compile=True,
         weight_left_max_rows=16,
         dequant_row_chunk=1024,

@@ -52,9 +52,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         "of 16+ rows run int8 dots), mapped (Q4_0 and Q8_0 read in place from the mapped file: nothing copied at load)",
     )
     p.add_argument(
-        "--arithmetic", choices=("auto", "float32", "int8"), default="auto",
+        "--arithmetic", choices=("auto", "float32", "int8", "q8_0"), default="auto",
         help="int8: a quantized model's batched products (16+ rows) as int8 dots, in the int8 layout (not "
-        "bit-identical to the file); float32: the file's values exactly; auto (default): the backend policy's choice",
+        "bit-identical to the file); q8_0: activations rounded to Q8_0 blocks, llama.cpp's arithmetic (integer dots in "
+        "maxjax's CPU kernel: faster decode); float32: the file's values exactly; auto (default): the backend policy's choice",
     )  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar while weights load")
     p.add_argument(

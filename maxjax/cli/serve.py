@@ -73,8 +73,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="activation dtype (default float32)")
     p.add_argument("--quantized-layout", choices=_LAYOUTS, default="auto", help="how quantized weights sit in memory (see maxjax generate)")
-    p.add_argument("--arithmetic", choices=("auto", "float32", "int8"), default="auto",
-                   help="int8 dots for batched products of a quantized model (see maxjax generate)")
+    p.add_argument("--arithmetic", choices=("auto", "float32", "int8", "q8_0"), default="auto",
+                   help="int8 dots for batched products of a quantized model, or q8_0 activations (see maxjax generate)")
     add_mesh_arguments(p)
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info", help="server log level")
 

@@ -275,12 +275,13 @@ def load_model(
 
     ``arithmetic``: ``"int8"`` runs a GGUF-quantized model's products of 16 rows and more (the
     policy's ``int8_min_rows``) as int8 dots, in the ``int8`` quantized layout (see
-    :class:`~maxjax.graph.quantization.Int8Array`; not bit-identical to the file); ``"float32"``
-    multiplies the file's values exactly with float32 activations; ``"auto"`` (default) is the
-    backend policy's ``arithmetic`` (float32 layouts on every platform for now) with its
-    ``q8_activations``: on a CPU with int8 dot instructions (AVX-512 VNNI, AVX-VNNI), every
-    product with a quantized weight takes its activations rounded to Q8_0 blocks, as llama.cpp's
-    and MAX's CPU kernels do (the weights stay the file's; decode steps run integer dots).
+    :class:`~maxjax.graph.quantization.Int8Array`; not bit-identical to the file); ``"q8_0"``
+    multiplies the file's quantized values by activations rounded to Q8_0 blocks, llama.cpp's and
+    MAX's CPU arithmetic (the policy's ``q8_activations``: integer dots in maxjax's CPU kernel,
+    faster at batch 1; a row's tokens may then change with the rows decoded beside it, as a
+    rounding step amplifies the float32 differences between paths); ``"float32"`` multiplies the
+    file's values exactly with float32 activations; ``"auto"`` (default) is the backend policy's
+    ``arithmetic`` (float32 on every platform for now).
 
     ``quantized_layout`` is how a GGUF's quantized weights are kept in memory (see
     :class:`CausalLM`; None: the backend policy's choice for the platform), ``policy`` the
@@ -301,7 +302,8 @@ def load_model(
             available); a tensor of an unsupported type (naming it); metadata, a ``config.json`` or
             tensors that are wrong (one line naming the file and the key or tensor); an unknown
             ``arithmetic``, or ``"int8"`` with another ``quantized_layout``, on a model without
-            quantized weights, or on a mesh (saying what runs instead).
+            quantized weights, or on a mesh (saying what runs instead); ``"q8_0"`` with the
+            ``int8`` layout or on a model without GGUF-quantized weights.
     """
     quantized_layout = _layout_for_arithmetic(arithmetic, quantized_layout, policy, mesh, model)
     policy = _policy_for_arithmetic(arithmetic, policy)
@@ -328,7 +330,7 @@ def load_model(
     return CausalLM.from_gguf(path, dtype, progress, quantized_layout, policy, mesh, mesh_axes)
 
 
-ARITHMETIC = ("auto", "float32", "int8")
+ARITHMETIC = ("auto", "float32", "int8", "q8_0")
 
 
 def _layout_for_arithmetic(arithmetic: str, quantized_layout: str | None, policy: Any, mesh: Any, model: Any) -> str | None:
@@ -341,9 +343,13 @@ def _layout_for_arithmetic(arithmetic: str, quantized_layout: str | None, policy
         if quantized_layout is not None or policy_for(policy).arithmetic == "float32":
             return quantized_layout  # an explicit layout says it (int8 included)
         arithmetic = policy_for(policy).arithmetic
-    if arithmetic == "float32":
+    if arithmetic in ("float32", "q8_0"):
         if quantized_layout == "int8":
-            raise ValueError("arithmetic='float32' keeps the file's values exactly; quantized_layout='int8' requantizes them")
+            raise ValueError(f"arithmetic={arithmetic!r} multiplies the file's values; quantized_layout='int8' requantizes them")
+        if arithmetic == "q8_0":
+            path = Path(resolve_model_path(model))
+            if path.is_dir() and (path / "config.json").exists():
+                raise ValueError(f"arithmetic='q8_0' needs a GGUF-quantized model; {path} has float weights (arithmetic='float32' runs it)")
         return quantized_layout
     if quantized_layout not in (None, "int8"):
         raise ValueError(f"arithmetic='int8' needs quantized_layout='int8', got {quantized_layout!r}")
@@ -358,15 +364,15 @@ def _layout_for_arithmetic(arithmetic: str, quantized_layout: str | None, policy
 
 
 def _policy_for_arithmetic(arithmetic: str, policy: Any) -> Any:
-    """``policy`` (None: the default backend's) as ``arithmetic`` runs it: ``"float32"`` takes every
-    product's activations as they are (the policy's ``q8_activations`` off); ``policy`` itself
-    otherwise."""
+    """``policy`` (None: the default backend's) as ``arithmetic`` runs it: ``"q8_0"`` with
+    ``q8_activations`` on, ``"float32"`` with it off; ``policy`` itself otherwise."""
     import dataclasses
 
     from maxjax.backend import policy_for
 
-    if arithmetic == "float32" and policy_for(policy).q8_activations:
-        return dataclasses.replace(policy_for(policy), q8_activations=False)
+    want = {"q8_0": True, "float32": False}.get(arithmetic)
+    if want is not None and policy_for(policy).q8_activations != want:
+        return dataclasses.replace(policy_for(policy), q8_activations=want)
     return policy
 
 
