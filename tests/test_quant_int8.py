@@ -155,5 +155,5 @@ def test_arithmetic_int8_loads_the_int8_layout_and_float_models_are_refused(tmp_
     d = L.write_hf_dir(tmp_path / "hf", L.hf_config(), L.hf_tensors())
     with pytest.raises(ValueError, match=r"arithmetic='int8' needs a GGUF-quantized model; .*hf has float weights"):
         load_model(d, arithmetic="int8")
-    with pytest.raises(ValueError, match="arithmetic must be one of auto, float32, int8, got 'int4'"):
+    with pytest.raises(ValueError, match="arithmetic must be one of auto, float32, int8, q8_0, got 'int4'"):
         load_model(arithmetic="int4")

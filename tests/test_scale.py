@@ -141,43 +141,47 @@ def test_host_buffers_for_weights_take_huge_pages_and_jax_adopts_them():
     np.testing.assert_array_equal(np.asarray(device)[2, 1023, 1023], 2)
 
 
-def _rss_anon() -> int:
+_CHURN = """
+import json, threading
+from maxjax.backend.cpu import release_freed_heap
+
+def rss_anon():
     with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise KeyError("RssAnon")
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
+
+kept = []
+
+def churn():  # 256 MB in 64 KiB blocks, each written and freed, a small block kept after each
+    blocks = []
+    for _ in range(4096):
+        blocks.append(bytearray(b"x" * 65536))
+        kept.append(bytearray(1024))  # malloc (pymalloc takes 512 bytes and less): pins the heap above the freed block
+    del blocks
+
+thread = threading.Thread(target=churn)
+thread.start()
+thread.join()
+before = rss_anon()
+released = release_freed_heap()
+print(json.dumps([released, before, rss_anon()]))
+"""
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux's /proc")
 def test_freed_heap_goes_back_to_the_system():
     """Memory a worker thread allocated in blocks below glibc's mmap threshold and freed stays
     resident in its arena until :func:`release_freed_heap` gives it back (what a compile leaves,
-    which the CPU policy releases after each one)."""
-    import threading
+    which the CPU policy releases after each one). In a fresh process: the state of this one's
+    arenas is whatever the tests before left."""
+    import json
+    import subprocess
 
     from maxjax.backend import policy_for
-    from maxjax.backend.cpu import _malloc_trim, release_freed_heap
+    from maxjax.backend.cpu import _malloc_trim
 
     if _malloc_trim() is None:
         pytest.skip("the C library has no malloc_trim (not glibc)")
     assert policy_for("cpu").release_heap_after_compile
-    release_freed_heap()
-
-    kept: list[bytearray] = []
-
-    def churn() -> None:  # 256 MB in 64 KiB blocks, each written and freed, a small block kept after each
-        blocks = []
-        for _ in range(4096):
-            blocks.append(bytearray(b"x" * 65536))
-            kept.append(bytearray(1024))  # malloc (pymalloc takes 512 bytes and less): pins the heap above the freed block
-        del blocks
-
-    thread = threading.Thread(target=churn)
-    thread.start()
-    thread.join()
-    before = _rss_anon()
-    assert release_freed_heap()
-    after = _rss_anon()
-    assert before - after > 128 << 20, (before >> 20, after >> 20)
-
+    out = subprocess.run([sys.executable, "-c", _CHURN], capture_output=True, text=True, timeout=120, check=True)
+    released, before, after = json.loads(out.stdout.strip().splitlines()[-1])
+    assert released and before - after > 128 << 20, (before >> 20, after >> 20)

@@ -345,7 +345,8 @@ def _layout_for_arithmetic(arithmetic: str, quantized_layout: str | None, policy
         arithmetic = policy_for(policy).arithmetic
     if arithmetic in ("float32", "q8_0"):
         if quantized_layout == "int8":
-            raise ValueError(f"arithmetic={arithmetic!r} multiplies the file's values; quantized_layout='int8' requantizes them")
+            kept = "keeps the file's values exactly" if arithmetic == "float32" else "multiplies the file's values"
+            raise ValueError(f"arithmetic={arithmetic!r} {kept}; quantized_layout='int8' requantizes them")
         if arithmetic == "q8_0":
             path = Path(resolve_model_path(model))
             if path.is_dir() and (path / "config.json").exists():
