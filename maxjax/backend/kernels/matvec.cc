@@ -175,13 +175,6 @@ inline void quantize_q8(const float* x, int64_t m_rows, int64_t cols, Q8Rows& a)
 #endif
 }
 
-// sum_i p[i] * q[i], i < n (a weight row's offsets times an activation row's d * sum q)
-inline float dot_f32(const float* p, const float* q, int64_t n) {
-  float s = 0.f;
-  for (int64_t i = 0; i < n; ++i) s += p[i] * q[i];
-  return s;
-}
-
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 // Two blocks at a time in 512-bit registers: 64 weight bytes against the 64 activation bytes of
 // blocks b and b + 1 (16 int32 lanes, 8 per block), scaled by a register holding each block's
