@@ -19,6 +19,7 @@ recorded beside the figures. Prints a table, writes ``benchmarks/results/scale.j
 ``scale.png``.
 
     python benchmarks/scale.py [--sizes 1b,3b,8b] [--types q4_0,q8_0] [--llama-python /work/llamavenv/bin/python]
+                               [--also-arithmetic q8_0] [--also-layout nibbles] [--llama-extra-bufts]
 """
 
 from __future__ import annotations
