@@ -240,6 +240,11 @@ def test_a_q4_0_model_is_read_in_place_and_decodes_as_nibbles(tiny):
     (a,) = lm.generate(["Hello there"], max_new_tokens=8, stop_at_eos=False)
     (b,) = ref.generate(["Hello there"], max_new_tokens=8, stop_at_eos=False)
     assert a.token_ids == b.token_ids
+    # without the kernel (XLA's products), the scan still reads each layer out of the file in place
+    xla = load_model(tiny, policy=dataclasses.replace(policy, native_matmul_max_rows=0))
+    assert all(isinstance(x, MappedArray) for x in jax.tree.leaves(xla.state, is_leaf=lambda x: isinstance(x, QuantizedArray)) if isinstance(x, QuantizedArray))
+    got = np.asarray(xla.prefill(ids, [ids.shape[1]], *xla.new_cache(1, 32))[1])
+    np.testing.assert_allclose(got, logits[1], rtol=1e-5, atol=1e-5 * np.abs(logits[1]).max())
 
 
 def test_q8_0_activations_where_asked_for_whatever_the_path(tiny):

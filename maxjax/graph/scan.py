@@ -203,8 +203,10 @@ def run_chain(
     n_args = len(sub._input_types)
 
     per_layer = {k: v for k, v in stacked.items() if isinstance(v, LayerWeights)}
-    # quantized stacks that the policy multiplies in a kernel reading the layer in place: not sliced by the scan
-    in_place = {k: v for k, v in stacked.items() if is_quantized(v) and policy.native_matmul(v, 1)}
+    # quantized stacks that the policy multiplies in a kernel reading the layer in place, and stacks
+    # read in place from their file (``mapped``: leaves are the file and each layer's offset): not
+    # sliced by the scan
+    in_place = {k: v for k, v in stacked.items() if is_quantized(v) and (policy.native_matmul(v, 1) or v.layout == "mapped")}
     # stacks that give each step its layer to read in place themselves (``at_layer(index)``: an
     # AmxWeight stack laid out for the AMX kernel): not sliced by the scan either
     indexed = {k: v for k, v in stacked.items() if callable(getattr(v, "at_layer", None))}
