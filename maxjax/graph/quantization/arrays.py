@@ -140,8 +140,10 @@ class QuantizedArray:
         """``x @ self.dequantize().T`` in float32: ``x [..., cols]`` -> ``[..., rows]``.
 
         The product is formed by ``policy`` (default: JAX's default backend's): its GEMM operand
-        order, precision, whether a large weight is dequantized one block of rows at a time, and
-        whether a long row is dequantized and multiplied one block of columns at a time.
+        order, precision, whether a large weight is dequantized one block of rows at a time,
+        whether a long row is dequantized and multiplied one block of columns at a time, and
+        whether the activations are rounded to Q8_0 blocks first (``q8_activations``, for GGUF
+        encodings; integer dots where maxjax's kernel runs the product).
 
         Raises:
             ValueError: this is not a 2-D weight, ``x`` is not float32, or its last axis is not

@@ -164,10 +164,11 @@ class MappedArray(QuantizedArray):
     def matmul(self, x: Any, policy: Any = None) -> jax.Array:
         """``x @ W.T`` (see :meth:`QuantizedArray.matmul`). Where maxjax's CPU kernel reads this
         weight (the policy's ``native_matmul``): a few rows multiply in it, reading the blocks in
-        place (with the activations quantized to Q8_0 blocks where the policy's ``q8_activations``
-        says so: llama.cpp's arithmetic, and those rounded so for XLA's products), and more rows (a prompt) multiply in XLA's GEMM against the weight dequantized by
+        place, and more rows (a prompt) multiply in XLA's GEMM against the weight dequantized by
         the kernel, a block of rows at a time (``BackendPolicy.row_chunks``). Elsewhere, as the
-        stored blocks' :class:`PackedArray` (a copy of the weight's bytes, dequantized by XLA)."""
+        stored blocks' :class:`PackedArray` (a copy of the weight's bytes, dequantized by XLA).
+        Where the policy's ``q8_activations`` says so, every path takes the activations rounded
+        to Q8_0 blocks (integer dots in the kernel)."""
         if self.offsets.ndim:
             raise ValueError(f"matmul: {self!r} is not a 2-D weight")
         return self._product(x, None, policy)
