@@ -65,6 +65,38 @@ def _cpu() -> dict:
     return {"model": model, "flags": flags, "cores": len(os.sched_getaffinity(0))}
 
 
+def time_decode_steps(lms: dict, batches: tuple[int, ...], rounds: int, steps: int) -> tuple[dict, float]:
+    """The median milliseconds of one greedy decode step (cache of 256 positions) of each model
+    at each batch size: every shape compiled first, then ``rounds`` rounds of ``steps`` steps,
+    the models interleaved round by round. Returns ``({name: {batch: ms}}, load average when
+    the timed rounds began)``."""
+    import jax
+    import numpy as np
+
+    times: dict[str, dict[int, list[float]]] = {n: {b: [] for b in batches} for n in lms}
+    caches = {}
+    for name, lm in lms.items():
+        for b in batches:
+            k, v = lm.new_cache(b, 256)
+            toks, pos = np.ones((b,), np.int32), np.full((b,), 10, np.int32)
+            out = lm.decode_step(toks, pos, k, v)  # compile
+            jax.block_until_ready(out[0])
+            caches[name, b] = (toks, pos, out[2], out[3])
+    load0 = os.getloadavg()[0]
+    for _ in range(rounds):
+        for b in batches:
+            for name, lm in lms.items():
+                toks, pos, k, v = caches[name, b]
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    out = lm.decode_step(toks, pos, k, v)
+                    k, v = out[2], out[3]
+                jax.block_until_ready(out[0])
+                times[name][b].append((time.perf_counter() - t0) / steps)
+                caches[name, b] = (toks, pos, k, v)
+    return {n: {b: 1e3 * statistics.median(t) for b, t in d.items()} for n, d in times.items()}, load0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--eval-batches", type=int, default=4)
@@ -116,28 +148,7 @@ def main() -> None:
     }
 
     # 3. decode steps, interleaved
-    times: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in lms}
-    caches = {}
-    for name, lm in lms.items():
-        for b in BATCHES:
-            k, v = lm.new_cache(b, 256)
-            toks, pos = np.ones((b,), np.int32), np.full((b,), 10, np.int32)
-            out = lm.decode_step(toks, pos, k, v)  # compile
-            jax.block_until_ready(out[0])
-            caches[name, b] = (toks, pos, out[2], out[3])
-    load0 = os.getloadavg()[0]
-    for _ in range(a.rounds):
-        for b in BATCHES:
-            for name, lm in lms.items():
-                toks, pos, k, v = caches[name, b]
-                t0 = time.perf_counter()
-                for _ in range(a.steps):
-                    out = lm.decode_step(toks, pos, k, v)
-                    k, v = out[2], out[3]
-                jax.block_until_ready(out[0])
-                times[name][b].append((time.perf_counter() - t0) / a.steps)
-                caches[name, b] = (toks, pos, k, v)
-    step_ms = {n: {b: 1e3 * statistics.median(t) for b, t in d.items()} for n, d in times.items()}
+    step_ms, load0 = time_decode_steps(lms, BATCHES, a.rounds, a.steps)
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": _cpu(), "loadavg": [load0, os.getloadavg()[0]],
         "perplexity": ppl, "same_greedy_tokens": same, "step_ms": step_ms, "eval_tokens": len(batches) * 4 * 256,

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -46,7 +45,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from int8 import PROMPTS, _cpu  # noqa: E402  (one list of prompts, one CPU record)
+from int8 import PROMPTS, _cpu, time_decode_steps  # noqa: E402  (one list of prompts, one CPU record, one timing loop)
 
 CACHE = Path.home() / ".cache" / "maxjax" / "smollm2-135m-instruct-q4_0.gguf"
 BATCHES = (1, 16)
@@ -111,9 +110,6 @@ def _decode_perplexity(lm, batches) -> float:
 
 def _measure(model: Path, a: argparse.Namespace, batches: list) -> dict:
     """Perplexity (both configurations and llama.cpp), greedy agreement and decode steps of one file."""
-    import jax
-    import numpy as np
-
     from maxjax.models import load_model
 
     lms = {"float32": load_model(model, arithmetic="float32"), "Q8_0 acts": load_model(model, arithmetic="q8_0")}
@@ -141,27 +137,7 @@ def _measure(model: Path, a: argparse.Namespace, batches: list) -> dict:
     }
 
     # 3. decode steps, interleaved
-    times: dict[str, dict[int, list[float]]] = {n: {b: [] for b in BATCHES} for n in lms}
-    caches = {}
-    for name, lm in lms.items():
-        for b in BATCHES:
-            k, v = lm.new_cache(b, 256)
-            toks, pos = np.ones((b,), np.int32), np.full((b,), 10, np.int32)
-            out = lm.decode_step(toks, pos, k, v)  # compile
-            jax.block_until_ready(out[0])
-            caches[name, b] = (toks, pos, out[2], out[3])
-    for _ in range(a.rounds):
-        for b in BATCHES:
-            for name, lm in lms.items():
-                toks, pos, k, v = caches[name, b]
-                t0 = time.perf_counter()
-                for _ in range(a.steps):
-                    out = lm.decode_step(toks, pos, k, v)
-                    k, v = out[2], out[3]
-                jax.block_until_ready(out[0])
-                times[name][b].append((time.perf_counter() - t0) / a.steps)
-                caches[name, b] = (toks, pos, k, v)
-    step_ms = {n: {b: 1e3 * statistics.median(t) for b, t in d.items()} for n, d in times.items()}
+    step_ms, _ = time_decode_steps(lms, BATCHES, a.rounds, a.steps)
     return {"model": str(model), "perplexity": ppl, "same_greedy_tokens": same, "step_ms": step_ms}
 
 

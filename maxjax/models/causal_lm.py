@@ -129,7 +129,6 @@ class CausalLM:
                 out_shardings=(rep, rep, shard["cache"], shard["cache"]),
             )  # fmt: skip
         self._step = jax.jit(step, static_argnums=10, donate_argnums=(3, 4), compiler_options=options, **shardings)
-        self.release_freed_heap()  # what the build and the placement freed
 
     def release_freed_heap(self) -> None:
         """Gives the heap memory the process has freed back to the system where the policy says
@@ -206,7 +205,7 @@ class CausalLM:
                 raise
             lm.tokenizer = building.result()
         forget_reader(path)  # the model holds its weights and tokenizer: the parsed metadata can go
-        lm.release_freed_heap()
+        lm.release_freed_heap()  # what the build, the placement and the tokenizer freed
         return lm
 
     @classmethod
@@ -230,7 +229,9 @@ class CausalLM:
         arch, config, state = checkpoint.open_hf_checkpoint(directory, lazy=True)  # read once, when placed
         tokenizer = Tokenizer.from_pretrained_dir(Path(directory))
         module = checkpoint.build(arch, config, state, dtype, quantized=False)
-        return cls(module, config, tokenizer, dtype, progress, str(directory), quantized_layout, policy, mesh, mesh_axes)
+        lm = cls(module, config, tokenizer, dtype, progress, str(directory), quantized_layout, policy, mesh, mesh_axes)
+        lm.release_freed_heap()  # what the build and the placement freed
+        return lm
 
     # -- running ---------------------------------------------------------------------------------
     def cache_shapes(self, batch: Any, cache_len: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:

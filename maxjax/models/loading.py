@@ -348,9 +348,7 @@ def _layout_for_arithmetic(arithmetic: str, quantized_layout: str | None, policy
             kept = "keeps the file's values exactly" if arithmetic == "float32" else "multiplies the file's values"
             raise ValueError(f"arithmetic={arithmetic!r} {kept}; quantized_layout='int8' requantizes them")
         if arithmetic == "q8_0":
-            path = Path(resolve_model_path(model))
-            if path.is_dir() and (path / "config.json").exists():
-                raise ValueError(f"arithmetic='q8_0' needs a GGUF-quantized model; {path} has float weights (arithmetic='float32' runs it)")
+            _require_gguf(arithmetic, model)
         return quantized_layout
     if quantized_layout not in (None, "int8"):
         raise ValueError(f"arithmetic='int8' needs quantized_layout='int8', got {quantized_layout!r}")
@@ -358,10 +356,15 @@ def _layout_for_arithmetic(arithmetic: str, quantized_layout: str | None, policy
         raise ValueError("arithmetic='int8' is not supported on a device mesh yet; float32 runs there (arithmetic='float32')")
     if not policy_for(policy).int8_min_rows:
         raise ValueError(f"arithmetic='int8': the {policy_for(policy).platform} policy has no int8 dots; float32 runs there")
+    _require_gguf(arithmetic, model)
+    return "int8"
+
+
+def _require_gguf(arithmetic: str, model: Any) -> None:
+    """Raises for ``arithmetic`` (``"int8"``, ``"q8_0"``) on a Hugging Face model of float weights."""
     path = Path(resolve_model_path(model))
     if path.is_dir() and (path / "config.json").exists():
-        raise ValueError(f"arithmetic='int8' needs a GGUF-quantized model; {path} has float weights (arithmetic='float32' runs it)")
-    return "int8"
+        raise ValueError(f"arithmetic={arithmetic!r} needs a GGUF-quantized model; {path} has float weights (arithmetic='float32' runs it)")
 
 
 def _policy_for_arithmetic(arithmetic: str, policy: Any) -> Any:

@@ -170,7 +170,7 @@ class Engine:
     def warmup(self, progress: Callable[[str, int, int], None] | None = None) -> float:
         """Compiles every shape the engine uses (see :meth:`Steps.warmup`); returns the seconds taken."""
         self.warmup_seconds = self.steps.warmup(progress)
-        _release_freed_heap(self.steps.lm)  # what the compiles freed
+        self.steps.lm.release_freed_heap()  # what the compiles freed
         return self.warmup_seconds
 
     def start(self, progress: Callable[[str, int, int], None] | None = None) -> "Engine":
@@ -357,7 +357,7 @@ class Engine:
         self._publish()
         n = self._compiles() - self._compiles_at_start
         if n != self.compiles_while_serving:
-            _release_freed_heap(self.steps.lm)
+            self.steps.lm.release_freed_heap()
             self.metrics.compiles.inc(n - self.compiles_while_serving)
             if self._do_warmup:
                 log.warning("the engine compiled %d program(s) after its warmup", n - self.compiles_while_serving)
@@ -609,13 +609,6 @@ class Engine:
     def _publish(self) -> None:
         self.metrics.queue_depth.set(len(self._waiting))
         self.metrics.batch_size.set(sum(r is not None for r in self._rows))
-
-
-def _release_freed_heap(lm: Any) -> None:
-    """The model's :meth:`~maxjax.models.CausalLM.release_freed_heap`, where it has one."""
-    release = getattr(lm, "release_freed_heap", None)
-    if release is not None:
-        release()
 
 
 def _fit_rows(buckets: tuple[int, ...], n: int) -> int:

@@ -126,6 +126,23 @@ inline void to_float(const uint16_t* s, float* d, int64_t n) {  // float16 -> fl
 }
 inline void to_float(const float* s, float* d, int64_t n) { std::memcpy(d, s, n * sizeof(float)); }
 
+// A nibbles pair's scales (and offsets) as float32, nb blocks each: s0, o0 of row 2p, s1, o1 of
+// row 2p + 1 (the offsets only where the weight has them).
+struct PairScales {
+  std::vector<float> buf;
+  float *s0, *s1, *o0, *o1;
+  explicit PairScales(int64_t nb) : buf(4 * nb), s0(buf.data()), s1(s0 + nb), o0(s1 + nb), o1(o0 + nb) {}
+  template <typename S, bool Offset>
+  void load(const S* scale, const S* offset, int64_t p, int64_t nb) {
+    to_float(scale + 2 * p * nb, s0, nb);
+    to_float(scale + (2 * p + 1) * nb, s1, nb);
+    if (Offset) {
+      to_float(offset + 2 * p * nb, o0, nb);
+      to_float(offset + (2 * p + 1) * nb, o1, nb);
+    }
+  }
+};
+
 // ---- Q8_0 activations -----------------------------------------------------------------------------
 // Activation rows quantized per 32-value block: q int8 [m, cols], d float32 [m, cols / 32],
 // c int32 [m, cols / 32, 8]: -8 * sum_j q_j in lane 0, zeros after (a block's dot with unsigned
@@ -262,18 +279,13 @@ template <typename S, bool Offset, int MB>
 void nibble_pairs(const uint8_t* values, const S* scale, const S* offset, const float* x,
                   int64_t rows, int64_t cols, int64_t m0, int64_t p0, int64_t p1, float* out) {
   const int64_t nb = cols / 32;
-  std::vector<float> buf(4 * nb);
-  float *s0 = buf.data(), *s1 = s0 + nb, *o0 = s1 + nb, *o1 = o0 + nb;
+  PairScales ps(nb);
+  float *s0 = ps.s0, *s1 = ps.s1, *o0 = ps.o0, *o1 = ps.o1;
   for (int64_t p = p0; p < p1; ++p) {
     const uint8_t* v = values + p * cols;
-    to_float(scale + 2 * p * nb, s0, nb);
-    to_float(scale + (2 * p + 1) * nb, s1, nb);
-    if (Offset) {
-      to_float(offset + 2 * p * nb, o0, nb);
-      to_float(offset + (2 * p + 1) * nb, o1, nb);
-    } else {
+    ps.load<S, Offset>(scale, offset, p, nb);
+    if (!Offset)
       for (int64_t b = 0; b < nb; ++b) o0[b] = -8.f * s0[b], o1[b] = -8.f * s1[b];
-    }
     V acc0[MB], acc1[MB];
     for (int j = 0; j < MB; ++j) acc0[j] = acc1[j] = vzero();
     for (int64_t b = 0; b < nb; ++b) {
@@ -305,17 +317,12 @@ template <typename S, bool Offset, int MB>
 void q8_nibble_pairs(const uint8_t* values, const S* scale, const S* offset, const Q8Rows& a,
                      int64_t rows, int64_t cols, int64_t m0, int64_t p0, int64_t p1, float* out) {
   const int64_t nb = cols / 32;
-  std::vector<float> buf(4 * nb);
-  float *s0 = buf.data(), *s1 = s0 + nb, *o0 = s1 + nb, *o1 = o0 + nb;
+  PairScales ps(nb);
+  const float *s0 = ps.s0, *s1 = ps.s1, *o0 = ps.o0, *o1 = ps.o1;
   const __m256i low4 = _mm256_set1_epi8(15);
   for (int64_t p = p0; p < p1; ++p) {
     const uint8_t* v = values + p * cols;
-    to_float(scale + 2 * p * nb, s0, nb);
-    to_float(scale + (2 * p + 1) * nb, s1, nb);
-    if (Offset) {
-      to_float(offset + 2 * p * nb, o0, nb);
-      to_float(offset + (2 * p + 1) * nb, o1, nb);
-    }
+    ps.load<S, Offset>(scale, offset, p, nb);
     __m256 acc0[MB], acc1[MB];
     float off0[MB], off1[MB];
     for (int j = 0; j < MB; ++j) acc0[j] = acc1[j] = _mm256_setzero_ps(), off0[j] = off1[j] = 0.f;
@@ -349,17 +356,12 @@ template <typename S, bool Offset, int MB>
 void q8_nibble_pairs512(const uint8_t* values, const S* scale, const S* offset, const Q8Rows& a,
                         int64_t rows, int64_t cols, int64_t m0, int64_t p0, int64_t p1, float* out) {
   const int64_t nb = cols / 32;
-  std::vector<float> buf(4 * nb);
-  float *s0 = buf.data(), *s1 = s0 + nb, *o0 = s1 + nb, *o1 = o0 + nb;
+  PairScales ps(nb);
+  const float *s0 = ps.s0, *s1 = ps.s1, *o0 = ps.o0, *o1 = ps.o1;
   const __m512i low4 = _mm512_set1_epi8(15);
   for (int64_t p = p0; p < p1; ++p) {
     const uint8_t* v = values + p * cols;
-    to_float(scale + 2 * p * nb, s0, nb);
-    to_float(scale + (2 * p + 1) * nb, s1, nb);
-    if (Offset) {
-      to_float(offset + 2 * p * nb, o0, nb);
-      to_float(offset + (2 * p + 1) * nb, o1, nb);
-    }
+    ps.load<S, Offset>(scale, offset, p, nb);
     __m512 acc0[MB], acc1[MB];
     for (int j = 0; j < MB; ++j) acc0[j] = acc1[j] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b += 2) {
