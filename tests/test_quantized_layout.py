@@ -121,11 +121,11 @@ def test_the_policy_picks_the_layout_from_the_cpu_features():
 
 
 def test_matmul_of_a_large_weight_in_row_blocks_matches():
-    packed = _quantized(2048 + 1024, 64, gguf.GGMLQuantizationType.Q8_0)  # three 1024-row blocks
+    packed = _quantized(3072, 64, gguf.GGMLQuantizationType.Q8_0)  # twelve 256-row blocks
     r = UnpackedArray.from_packed(QuantizationEncoding.Q8_0, jax.numpy.asarray(packed))
     cpu = F32_ACTIVATIONS
-    assert cpu.dequant_row_chunk == 1024 and cpu.row_chunks(3072, 6) == 3 and cpu.row_chunks(3072, 1) == 1
-    assert cpu.row_chunks(2048, 6) == 2 and cpu.row_chunks(1536, 6) == 1 and cpu.row_chunks(3000, 6) == 1
+    assert cpu.dequant_row_chunk == 256 and cpu.row_chunks(3072, 6) == 12 and cpu.row_chunks(3072, 1) == 1
+    assert cpu.row_chunks(512, 6) == 2 and cpu.row_chunks(384, 6) == 1 and cpu.row_chunks(3000, 6) == 1
     w = np.asarray(dequantize(QuantizationEncoding.Q8_0, jax.numpy.asarray(packed)), np.float64)
     x = RNG.standard_normal((2, 3, 64)).astype(np.float32)
     for policy in (F32_ACTIVATIONS, policy_for("gpu")):  # in row blocks, and whole
@@ -140,11 +140,11 @@ def test_a_stacked_layer_in_row_blocks_matches(cls, qtype):
     is formed one block of rows at a time, each block sliced out of the stack; it equals the
     product with the layer sliced whole, and the layer index is clamped as a slice clamps it."""
     enc = QuantizationEncoding(qtype.name)
-    layers = [_quantized(3072, 64, qtype) for _ in range(3)]  # three 1024-row blocks a layer
+    layers = [_quantized(3072, 64, qtype) for _ in range(3)]  # twelve 256-row blocks a layer
     stack = cls.from_packed(enc, jax.numpy.asarray(np.stack(layers)))
     cpu = F32_ACTIVATIONS
     x = RNG.standard_normal((2, 20, 64)).astype(np.float32)  # 40 rows: past the kernel's 32
-    assert cpu.row_chunks(3072, 40) == 3 and not cpu.native_matmul(stack, 40)
+    assert cpu.row_chunks(3072, 40) == 12 and not cpu.native_matmul(stack, 40)
     for layer, source in ((1, 1), (7, 2), (-3, 0)):
         got = np.asarray(jax.jit(lambda x, w, i: w.layer_matmul(x, i, cpu))(x, stack, np.int32(layer)))
         whole = np.asarray(jax.jit(lambda x, w: w.matmul(x, policy_for("gpu")))(x, stack.layer(source)))  # no row blocks

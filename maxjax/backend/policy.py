@@ -83,6 +83,14 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   set: glibc otherwise keeps it in its per-thread arenas, resident. CPU: True (Llama-3.2-1B-shaped
   Q4_0 on a 2-core Zen 5 EPYC, a 128-token prompt and 64 tokens: peak RSS 1113 -> 1062 MB,
   resident afterwards 1077 -> 1020 MB; 26-45 ms per compile); GPU and TPU: False (unmeasured).
+- ``compile_decode_first``: a model's first generation at a shape compiles its decode step
+  before it runs the prompt, so that the compiler's transient memory (35-55 MB from 1B to 3B)
+  is used and given back before a mapped file's weights become resident, not on top of them.
+  The first call's first token comes later by up to the decode compile, its last token no later.
+  CPU: True (one generation of 64 tokens after a 128-token prompt, Llama-3.2-1B-shaped Q4_0 on a
+  2-core Zen 5 EPYC, two runs each: peak RSS 1084 -> 1058 MB, first token 1.8 -> 2.2-2.4 s, whole
+  call 4.4 s both; 3B-shaped: 2276 -> 2220 MB, first token 3.3-3.6 s both, whole call 8.5-9.2 ->
+  8.4-8.5 s); GPU and TPU: False (the weights live in device memory).
 - ``weight_left_max_rows``: for ``x @ w.T`` with 2 to this many rows in ``x`` (batched decode),
   compute ``(w @ x.T).T`` with the weight as the GEMM's left operand, behind an
   ``optimization_barrier`` so XLA keeps that order (XLA:CPU's GEMM re-lays a ``[out, in]`` right
@@ -91,10 +99,12 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   it), multiplied by more than one input row, is dequantized and multiplied one block of rows at a
   time (XLA:CPU otherwise writes the whole float32 weight first; an LM head of 49152 rows costs
   more in fresh pages than in arithmetic, and the float32 weights are a prompt's largest
-  temporary buffers). CPU: 1024 (128-token prompt, 2-core AVX-512 Xeon: the prefill program's
-  temporary buffers Llama-3.2-1B Q4_0 140 -> 57 MB, Llama-3.1-8B-shaped Q4_0 880 -> 180 MB and
-  its peak RSS 5.80 -> 5.14 GB, against 4096; prefill 2.03 vs 2.07 s at 1B, 16.8 vs 18.2 s at 8B,
-  best of 5 and 2 runs, within this machine's noise at 1B); others: 0 (off).
+  temporary buffers). CPU: 256. A 128-token prompt on a 2-core Zen 5 EPYC, the prefill program's
+  temporary buffers against 1024: 40 -> 22 MB at Llama-3.2-1B Q4_0, 45 -> 26 MB at 3B, 71 -> 35 MB
+  at 8B (a block of the 8B's down projection is 14.7 MB at 256 rows); warm time to first token
+  0.78 -> 0.74 s, 2.25 -> 2.01 s and 5.7 -> 5.2 s; SmolLM2 unchanged (0.096 s); 128 rows: 1.1 s at
+  1B. (1024 against 4096, on a 2-core AVX-512 Xeon: 1B 140 -> 57 MB, 8B 880 -> 180 MB.) Others:
+  0 (off).
 - ``dequant_col_chunk``: a quantized weight with more columns (input features) than this, and a
   multiple of it, is dequantized and multiplied one block of columns at a time, each block its own
   fusion behind ``optimization_barrier``, and the partial products summed (XLA:CPU's fused
@@ -254,6 +264,8 @@ class BackendPolicy:
             Q8_0 blocks (see above).
         release_heap_after_compile: a model's generation and serving give the heap that a compile
             of their programs freed back to the system (see above).
+        compile_decode_first: generation compiles the decode step before it runs the prompt
+            (see above).
         grouped_attention: ``"always"``, ``"decode"``, ``"batched_decode"`` or ``"never"``.
         encoder_rows: most rows in one compiled encoder pass (at least 1).
         layer_weights: ``"stacked"`` or ``"per_layer"``, how inference programs hold the float
@@ -292,6 +304,7 @@ class BackendPolicy:
     arithmetic: str = "float32"
     q8_activations: bool = False
     release_heap_after_compile: bool = False
+    compile_decode_first: bool = False
     grouped_attention: str = "always"
     encoder_rows: int = 256
     layer_weights: str = "stacked"
@@ -517,8 +530,9 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
         quantized_layout="nibbles" if avx512 else "unpacked",
         mapped_encodings=("Q4_0", "Q8_0") if avx512 and kernel else (),
         release_heap_after_compile=True,
+        compile_decode_first=True,
         weight_left_max_rows=16,
-        dequant_row_chunk=1024,
+        dequant_row_chunk=256,
         dequant_col_chunk=0 if kernel else 2048,
         int8_min_rows=16,
         native_matmul_max_rows=32 if kernel else 0,

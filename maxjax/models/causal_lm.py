@@ -107,6 +107,7 @@ class CausalLM:
             if bar is not None:
                 bar.close()
         self.num_compiles = 0
+        self._decode_compiled: set[tuple[int, int, bool]] = set()  # (rows, cache_len, do_sample) by compile_decode
         # the key argument of greedy steps (unused by them): a key of the default PRNG wrapped from
         # zeros, since jax.random.key(0) compiles a program at its first call (0.07 s of a load)
         key_shape = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape
@@ -257,6 +258,32 @@ class CausalLM:
             jax.numpy.reshape(tokens, (b, 1)), jax.numpy.reshape(positions, (b, 1)), k_cache, v_cache, np.zeros(b, np.int32), key,
             **sampling,
         )  # fmt: skip
+
+    def compile_decode(self, batch: int, cache_len: int, do_sample: bool = False) -> bool:
+        """Compiles :meth:`decode_step` for ``batch`` rows and caches of ``cache_len`` positions
+        (sampling when ``do_sample``, else greedy) ahead of its first call, which then runs the
+        compiled program. Returns whether it compiled (False: compiled before, by this method).
+
+        The arguments are described as a decode step after :meth:`prefill` passes them (the
+        tokens and caches on the state's device, as ``_step``'s outputs are; positions and
+        indices from the host; on a mesh, the step's own shardings), so that the call finds this
+        program in ``jit``'s cache.
+        """
+        key = (int(batch), int(cache_len), bool(do_sample))
+        if key in self._decode_compiled:
+            return False
+        S = jax.ShapeDtypeStruct
+        shard = self._batch_shardings()
+        on = next(iter(jax.tree_util.tree_leaves(self.state))).sharding if shard is None else None
+        k, v = jax.eval_shape(lambda: self.new_cache(batch, cache_len))
+        prng = self._default_key if not do_sample else S((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
+        self._step.lower(
+            self.state, S((batch, 1), np.int32, sharding=on), S((batch, 1), np.int32), S(k.shape, k.dtype, sharding=on),
+            S(v.shape, v.dtype, sharding=on), S((batch,), np.int32), prng, np.float32(1.0), np.int32(0),
+            np.float32(1.0), do_sample,
+        ).compile()  # fmt: skip
+        self._decode_compiled.add(key)
+        return True
 
     def _run(self, tokens, positions, k_cache, v_cache, last, key, temperature=0.0, top_k=0, top_p=1.0):
         do_sample = temperature > 0

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxjax.engine.compiles import compile_counter
+
 __all__ = ["Generation", "NonFiniteLogitsError", "PROMPT_BUCKETS", "CACHE_ROUND", "check_request", "run_generation", "stream"]
 
 PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -130,15 +132,19 @@ def run_generation(
         key, sub = jax.random.split(jax.random.key(seed))
     compile_s = 0.0
 
+    compiles = compile_counter()  # XLA compiles on this thread: the model's and the small ones around it
+
     def timed(call: Callable[[], Any]) -> Any:  # a call that compiles adds its time to compile_s
         nonlocal compile_s
-        n0, t0 = lm.num_compiles, time.perf_counter()
+        n0, t0 = compiles(), time.perf_counter()
         out = call()  # jit dispatch returns once compiled, before the device has run it
-        if lm.num_compiles != n0:
+        if compiles() != n0:
             lm.release_freed_heap()  # what the compiler freed, while the device starts on the call
             compile_s += time.perf_counter() - t0
         return out
 
+    if max_new_tokens > 1 and lm.program.policy.compile_decode_first:
+        timed(lambda: lm.compile_decode(rows, cache_len, do_sample))  # before the prompt makes the weights resident
     nxt, logits, k_cache, v_cache = timed(lambda: lm.prefill(tokens, lengths, k_cache, v_cache, sub, **sampling))
     # the prefill's logits are checked on the host (once: no compile before the first token), each
     # decode step's on the device (_finite_rows, compiled with the first decode step)

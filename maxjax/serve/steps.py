@@ -26,7 +26,6 @@ A request's random stream: the threefry key ``[seed >> 32, seed & 0xffffffff]`` 
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from typing import Any, Callable, Iterable
 
@@ -35,35 +34,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from maxjax.engine.compiles import compile_counter
 from maxjax.models.generation import PROMPT_BUCKETS
 from maxjax.models.sampling import greedy, sample
 
 __all__ = ["Buckets", "Steps", "key_data", "compile_counter"]
-
-
-class _CompileCounter(threading.local):
-    count = 0
-
-
-_compiles = _CompileCounter()
-_listening = False
-_listen_lock = threading.Lock()
-
-
-def _on_event(event: str, seconds: float, **kwargs: Any) -> None:
-    if event == "/jax/core/compile/backend_compile_duration":
-        _compiles.count += 1
-
-
-def compile_counter() -> Callable[[], int]:
-    """A function giving the number of XLA compiles so far on the calling thread (a
-    ``jax.monitoring`` listener, registered once per process)."""
-    global _listening
-    with _listen_lock:
-        if not _listening:
-            jax.monitoring.register_event_duration_secs_listener(_on_event)
-            _listening = True
-    return lambda: _compiles.count
 
 
 def _fit(buckets: tuple[int, ...], n: int) -> int:
