@@ -662,31 +662,37 @@ inline void decode_block(const uint8_t* blk, float d, float c, V& w0, V& w1) {
   }
 }
 
-// Two rows are read at once, two streams: each is read about 450 blocks ahead, 8 KiB of Q4_0 and
+// Two rows are read at once, two streams: each is read ahead, 12 KiB of Q4_0 (680 blocks) and
 // 16 KiB of Q8_0 (2-core AVX-512 Xeon, one activation row, Q4_0 stacks of 32 x [2048, 8192],
 // 32 x [8192, 2048] and 64 x [2048, 2048]: 0.79, 1.0 and 1.0x the nibbles kernel's speed 2 KiB
 // ahead, 1.15, 1.05 and 1.05x 8 KiB ahead; 1 KiB ahead was slower still. 2-core Zen 5 EPYC, one
 // row, 16 x [2048, 8192]: Q8_0 12.6-14.7 ms 8 KiB ahead, 7.1-7.5 ms 16 KiB ahead, 7.3-7.4 ms
-// 32 KiB ahead; Q4_0 5.1-5.2, 5.2-5.5 and 5.8-6.0 ms)
+// 32 KiB ahead; Q4_0 5.1-5.2, 5.2-5.5 and 5.8-6.0 ms. With each scale read alone, Q4_0 16 x
+// [2048, 8192] and 16 x [8192, 2048]: 8 KiB 5.1-5.6 and 5.6-5.9 ms, 12 KiB 5.0-5.2 and 5.4, 16 KiB
+// 5.1-5.6 and 5.8-6.2 ms)
 template <Kind K>
-constexpr int64_t kMappedPrefetch = K == Kind::kQ4_0 ? 8192 : 16384;
+constexpr int64_t kMappedPrefetch = K == Kind::kQ4_0 ? 12288 : 16384;
 
 // d[i] = the float16 at p + i * stride, i < n, widened (each block's scale leads the block).
 inline void gather_half(const uint8_t* p, int64_t stride, int64_t n, float* d) {
-  int64_t i = 0;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(int(stride)));
-  for (; i + 16 <= n; i += 16) {  // 4 bytes read at each block: its d and the first 2 bytes after it
-    const __m512i g = _mm512_i32gather_epi32(idx, p + i * stride, 1);
-    _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
-  }
-#endif
-  for (; i < n; ++i) {
+  for (int64_t i = 0; i < n; ++i) {
     uint16_t h;
     std::memcpy(&h, p + i * stride, 2);
     d[i] = _cvtsh_ss(h);
   }
 }
+
+// Whether mapped_pass reads each block's scale alone rather than gathering 16 blocks' scales at
+// once (vpgatherdd): with AVX-512. On a 2-core Zen 5 EPYC, one activation row, two threads, the
+// gather cost Q4_0 10-17%: 16 x [2048, 8192] 5.65-5.92 -> 4.90-5.28 ms, [128256, 2048]
+// 5.35-6.03 -> 4.94-4.98 ms, Llama-3.2-1B-shaped Q4_0 decode 33.3-34.0 -> 35.8-37.5 tokens/s;
+// Q8_0 (memory-bound) within noise.
+constexpr bool kScalarScale =
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    true;
+#else
+    false;
+#endif
 
 // Rows [r, r + R) of a mapped weight (`rows` row-major, `bpr` bytes each, at `w`) times
 // activation rows [m0, m0 + MB): R sums in flight per activation row.
@@ -695,9 +701,11 @@ void mapped_pass(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, in
   constexpr int64_t kBlock = kBlockBytes<K>;
   constexpr int64_t kScales = 16;  // blocks whose scales are gathered at once
   const int64_t nb = cols / 32;
-  // The scales of the next 16 blocks are gathered and widened together, from lines the prefetch
-  // has already asked for (one float16 widened and broadcast per block keeps the shuffle port
-  // busier than the arithmetic; a pass over the row's scales first waits on memory instead).
+  // Without AVX-512, the scales of the next 16 blocks are gathered and widened together, from
+  // lines the prefetch has already asked for (one float16 widened and broadcast per block kept
+  // the shuffle port busier than the arithmetic on a 2-core AVX-512 Xeon; a pass over the row's
+  // scales first waits on memory instead). With AVX-512 each block's scale is read alone
+  // (kScalarScale).
   alignas(64) float d[R][kScales], c[R][kScales];
 #if defined(__AVX512F__) && defined(__AVX512BW__)
   const __m512 kCentered = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
@@ -720,11 +728,11 @@ void mapped_pass(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, in
     for (int j = 0; j < MB; ++j) acc[i][j] = vzero();
   for (int64_t s = 0; s < nb; s += kScales) {
     const int64_t n = std::min(kScales, nb - s);
-    for (int i = 0; i < R; ++i) {
-      gather_half(p[i] + s * kBlock, kBlock, n, d[i]);
-#if !(defined(__AVX512F__) && defined(__AVX512BW__))
-      for (int64_t k = 0; k < n; ++k) c[i][k] = -8.f * d[i][k];  // decode_block's Q4_0 offset
-#endif
+    if (!kScalarScale) {
+      for (int i = 0; i < R; ++i) {
+        gather_half(p[i] + s * kBlock, kBlock, n, d[i]);
+        for (int64_t k = 0; k < n; ++k) c[i][k] = -8.f * d[i][k];  // decode_block's Q4_0 offset
+      }
     }
     for (int64_t k = 0; k < n; ++k) {
       const int64_t b = s + k;
@@ -738,13 +746,21 @@ void mapped_pass(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, in
         if (K == Kind::kQ4_0) {
           // the block's 16 values d * (q - 8) (exact) as a table, looked up by each nibble: one
           // permute per 16 values in place of a convert and an FMA
-          const __m512 table = _mm512_mul_ps(kCentered, _mm512_set1_ps(d[i][k]));
+          uint16_t h;
+          std::memcpy(&h, blk, 2);
+          const __m512 table = _mm512_mul_ps(kCentered, _mm512_set1_ps(_cvtsh_ss(h)));
           const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
           w0[i] = {_mm512_permutexvar_ps(q, table)};  // the permute reads an index's low 4 bits
           w1[i] = {_mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table)};
           continue;
         }
 #endif
+        if (kScalarScale) {  // Q8_0 with AVX-512
+          uint16_t h;
+          std::memcpy(&h, blk, 2);
+          decode_block<K>(blk, _cvtsh_ss(h), 0.f, w0[i], w1[i]);
+          continue;
+        }
         decode_block<K>(blk, d[i][k], K == Kind::kQ4_0 ? c[i][k] : 0.f, w0[i], w1[i]);  // (Q4_0 here: no AVX-512)
       }
       for (int j = 0; j < MB; ++j) {
