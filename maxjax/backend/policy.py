@@ -76,13 +76,16 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   steps) +0.53% (Q4_1) and +0.51% (requantized to Q4_0 by llama.cpp), where llama.cpp's own is
   +0.54% and +0.54%: 24.3979 against 24.3988, 31.0219 against 31.0313
   (``benchmarks/results/q8_activations_zen5_avx512.txt``).
-- ``release_heap_after_compile``: after a load and after each compile of a model's programs
-  (``CausalLM``'s generation, the serving engine's warmup and steps), the process returns the
-  memory XLA's compiler freed to the operating system (glibc's ``malloc_trim``,
-  :func:`maxjax.backend.cpu.release_freed_heap`), before the weights' pages fill the resident
-  set: glibc otherwise keeps it in its per-thread arenas, resident. CPU: True (Llama-3.2-1B-shaped
+- ``release_freed_heap``: after a load, after each compile of a model's programs
+  (``CausalLM``'s generation, the serving engine's warmup and steps) and at the end of each
+  ``CausalLM`` generation, the process returns the memory freed since (by XLA's compiler, by a
+  prompt's temporary buffers) to the operating system (glibc's ``malloc_trim``,
+  :func:`maxjax.backend.cpu.release_freed_heap`): glibc otherwise keeps it in its per-thread
+  arenas, resident, and the next prompt's buffers land beside it. CPU: True (Llama-3.2-1B-shaped
   Q4_0 on a 2-core Zen 5 EPYC, a 128-token prompt and 64 tokens: peak RSS 1113 -> 1062 MB,
-  resident afterwards 1077 -> 1020 MB; 26-45 ms per compile); GPU and TPU: False (unmeasured).
+  resident afterwards 1077 -> 1020 MB; 26-45 ms per compile. At the end of a generation 3.3 ms,
+  18 MB, and the peak of a second and third 64-token generation 1080 -> 1064 MB); GPU and TPU:
+  False (unmeasured).
 - ``compile_decode_first``: a model's first generation at a shape compiles its decode step
   before it runs the prompt, so that the compiler's transient memory (35-55 MB from 1B to 3B)
   is used and given back before a mapped file's weights become resident, not on top of them.
@@ -262,8 +265,8 @@ class BackendPolicy:
         arithmetic: ``"float32"`` or ``"int8"``, what ``arithmetic="auto"`` means.
         q8_activations: products with GGUF-quantized weights take their activations rounded to
             Q8_0 blocks (see above).
-        release_heap_after_compile: a model's generation and serving give the heap that a compile
-            of their programs freed back to the system (see above).
+        release_freed_heap: a model's load, generation and serving give freed heap back to
+            the system (see above).
         compile_decode_first: generation compiles the decode step before it runs the prompt
             (see above).
         grouped_attention: ``"always"``, ``"decode"``, ``"batched_decode"`` or ``"never"``.
@@ -303,7 +306,7 @@ class BackendPolicy:
     host_layout_conversion: bool = False
     arithmetic: str = "float32"
     q8_activations: bool = False
-    release_heap_after_compile: bool = False
+    release_freed_heap: bool = False
     compile_decode_first: bool = False
     grouped_attention: str = "always"
     encoder_rows: int = 256
@@ -529,7 +532,7 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
         bfloat16_frozen_kernel=_amx.AMX_FLAGS <= flags,
         quantized_layout="nibbles" if avx512 else "unpacked",
         mapped_encodings=("Q4_0", "Q8_0") if avx512 and kernel else (),
-        release_heap_after_compile=True,
+        release_freed_heap=True,
         compile_decode_first=True,
         weight_left_max_rows=16,
         dequant_row_chunk=256,

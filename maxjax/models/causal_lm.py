@@ -133,9 +133,10 @@ class CausalLM:
 
     def release_freed_heap(self) -> None:
         """Gives the heap memory the process has freed back to the system where the policy says
-        so (its ``release_heap_after_compile``; called after a load and after each compile of this
-        model's programs, see :func:`maxjax.backend.cpu.release_freed_heap`)."""
-        if self.program.policy.release_heap_after_compile:
+        so (its ``release_freed_heap``; called after a load, after each compile of this
+        model's programs and at the end of a generation, see
+        :func:`maxjax.backend.cpu.release_freed_heap`)."""
+        if self.program.policy.release_freed_heap:
             release_freed_heap()
 
     @property

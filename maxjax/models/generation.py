@@ -84,7 +84,17 @@ def check_request(rows: int, max_new_tokens: int) -> None:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
 
 
-def run_generation(
+def run_generation(lm: Any, *args: Any, **kwargs: Any) -> list[Generation]:
+    """:func:`_generate`, then the heap its caches and temporary buffers held given back to the
+    system where the policy says so (``release_freed_heap``: the next call's buffers would
+    otherwise land beside them)."""
+    try:
+        return _generate(lm, *args, **kwargs)
+    finally:
+        lm.release_freed_heap()
+
+
+def _generate(
     lm: Any,
     ids: list[list[int]],
     prompts: list[str],
