@@ -10,7 +10,6 @@ import json
 import re
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 
@@ -95,25 +94,6 @@ def test_compile_time_is_reported_apart_from_decode_time(lm):
     assert a.compile_seconds > 0.05 and b.compile_seconds == 0
     assert a.decode_seconds < a.compile_seconds  # three decode steps, without their compile
     assert a.token_ids == b.token_ids
-
-
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_decode_compiles_before_the_prompt_runs_and_only_once(lm, caplog, temperature):
-    """With the CPU policy's ``compile_decode_first``, a generation at a new shape compiles its
-    decode step before the prefill (so the compiler's memory is given back before the weights'
-    pages are touched), and the decode steps then run that program: the model's step compiles
-    twice in all, decode first, greedy or sampling."""
-    import logging
-
-    assert lm.program.policy.compile_decode_first
-    prompts = ["Four rows of a", "shape that no", "other test in this", "file uses"]
-    with jax.log_compiles(), caplog.at_level(logging.WARNING):
-        g = lm.generate(prompts, 5, stop_at_eos=False, temperature=temperature, seed=3)
-    steps = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling jit(step)")]
-    assert len(steps) == 2, steps
-    assert "int32[4,1]" in steps[0] and "int32[4,1]" not in steps[1]  # the decode step's tokens, then the prompt's
-    assert all(len(r.token_ids) == 5 for r in g) and g[0].compile_seconds > 0
-    assert not lm.compile_decode(4, 128, temperature > 0)  # compiled: nothing to do
 
 
 def test_sampling_is_reproducible_and_top_k_1_is_greedy(lm):

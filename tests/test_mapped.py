@@ -247,6 +247,34 @@ def test_a_q4_0_model_is_read_in_place_and_decodes_as_nibbles(tiny):
     np.testing.assert_allclose(got, logits[1], rtol=1e-5, atol=1e-5 * np.abs(logits[1]).max())
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_decode_compiles_before_the_prompt_runs_and_only_once(tiny, caplog, temperature):
+    """With the CPU policy's ``compile_decode_first``, a model read in place from its file
+    compiles its decode step, in a generation at a new shape, before the prefill (so that the
+    compiler's memory is given back before the weights' pages are touched), and the decode steps
+    then run that program: the model's step compiles twice in all, decode first, greedy or
+    sampling. A model whose weights were copied at load (resident already) compiles the prompt
+    first."""
+    import logging
+
+    from maxjax.models import load_model
+
+    policy = dataclasses.replace(policy_for("cpu"), mapped_encodings=("Q4_0", "Q8_0"))
+    assert policy.compile_decode_first
+    for layout, mapped in ((None, True), ("nibbles", False)):
+        lm = load_model(tiny, policy=policy, quantized_layout=layout)
+        assert lm.weights_mapped == mapped
+        caplog.clear()
+        with jax.log_compiles(), caplog.at_level(logging.WARNING):
+            g = lm.generate(["Four rows of", "a shape", "for this", "test"], 5, stop_at_eos=False, temperature=temperature, seed=3)
+        steps = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling jit(step)")]
+        assert len(steps) == 2, steps
+        assert ("int32[4,1]" in steps[0]) == mapped and ("int32[4,1]" in steps[1]) != mapped  # the decode step's tokens
+        assert all(len(r.token_ids) == 5 for r in g) and g[0].compile_seconds > 0
+        if mapped:  # compiled by the generation: nothing left to do
+            assert lm.compile_decode(4, min(128, lm.config.max_position_embeddings), temperature > 0) is False
+
+
 def test_q8_0_activations_where_asked_for_whatever_the_path(tiny):
     """``arithmetic="q8_0"`` (the policy's ``q8_activations``): a Q4_0 model read in place
     multiplies Q8_0-rounded activations, prompt logits close to the float32 ones but not equal;

@@ -86,9 +86,11 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   resident afterwards 1077 -> 1020 MB; 26-45 ms per compile. At the end of a generation 3.3 ms,
   18 MB, and the peak of a second and third 64-token generation 1080 -> 1064 MB); GPU and TPU:
   False (unmeasured).
-- ``compile_decode_first``: a model's first generation at a shape compiles its decode step
-  before it runs the prompt, so that the compiler's transient memory (35-55 MB from 1B to 3B)
-  is used and given back before a mapped file's weights become resident, not on top of them.
+- ``compile_decode_first``: a model whose weights are mostly read in place from a mapped file
+  (``CausalLM.weights_mapped``: the ``mapped`` layout) compiles its decode step, in its first
+  generation at a shape, before it runs the prompt, so that the compiler's transient memory
+  (35-55 MB from 1B to 3B) is used and given back before those weights become resident, not on
+  top of them (weights copied at load are resident already: nothing to gain).
   The first call's first token comes later by up to the decode compile, its last token no later.
   CPU: True (one generation of 64 tokens after a 128-token prompt, Llama-3.2-1B-shaped Q4_0 on a
   2-core Zen 5 EPYC, two runs each: peak RSS 1084 -> 1058 MB, first token 1.8 -> 2.2-2.4 s, whole

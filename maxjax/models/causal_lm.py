@@ -29,6 +29,7 @@ from maxjax.backend.cpu import release_freed_heap
 from maxjax.dtype import DType
 from maxjax.engine import Program
 from maxjax.graph import Graph, TensorType
+from maxjax.graph.quantization import MappedArray, QuantizedArray
 from maxjax.graph.weights.gguf import forget_reader
 from maxjax.models import generation
 from maxjax.models.decoding import DecoderFunctions, cache_shapes
@@ -106,6 +107,11 @@ class CausalLM:
         finally:
             if bar is not None:
                 bar.close()
+        leaves = jax.tree_util.tree_leaves(self.state, is_leaf=lambda x: isinstance(x, QuantizedArray))
+        mapped = sum(int(x.nbytes) for x in leaves if isinstance(x, MappedArray))
+        #: most of the weights' bytes are read in place from a mapped file (the ``mapped`` layout):
+        #: not resident until a product first reads them
+        self.weights_mapped = 2 * mapped > sum(int(x.nbytes) for x in leaves)
         self.num_compiles = 0
         self._decode_compiled: set[tuple[int, int, bool]] = set()  # (rows, cache_len, do_sample) by compile_decode
         # the key argument of greedy steps (unused by them): a key of the default PRNG wrapped from

@@ -153,7 +153,7 @@ def _generate(
             compile_s += time.perf_counter() - t0
         return out
 
-    if max_new_tokens > 1 and lm.program.policy.compile_decode_first:
+    if max_new_tokens > 1 and lm.program.policy.compile_decode_first and lm.weights_mapped:
         timed(lambda: lm.compile_decode(rows, cache_len, do_sample))  # before the prompt makes the weights resident
     nxt, logits, k_cache, v_cache = timed(lambda: lm.prefill(tokens, lengths, k_cache, v_cache, sub, **sampling))
     # the prefill's logits are checked on the host (once: no compile before the first token), each
