@@ -269,7 +269,8 @@ class CausalLM:
     def compile_decode(self, batch: int, cache_len: int, do_sample: bool = False) -> bool:
         """Compiles :meth:`decode_step` for ``batch`` rows and caches of ``cache_len`` positions
         (sampling when ``do_sample``, else greedy) ahead of its first call, which then runs the
-        compiled program. Returns whether it compiled (False: compiled before, by this method).
+        compiled program. Returns False, doing nothing, where this method has compiled these
+        arguments before (else True: a program ``jit`` already holds is found in its caches).
 
         The arguments are described as a decode step after :meth:`prefill` passes them (the
         tokens and caches on the state's device, as ``_step``'s outputs are; positions and
