@@ -882,7 +882,7 @@ void q8_pass512(const uint8_t* w, int64_t bpr, const Q8Rows& a, int64_t rows, in
 // the last one alone; four rows a pass at one activation row with AVX-512 and no AMX (kFourRows:
 // 2-core Zen 5 EPYC, Q4_0 16 x [2048, 8192] 4.99-5.16 -> 4.49-4.70 ms, 16 x [8192, 2048]
 // 5.19-5.21 -> 4.71-4.90 ms, Llama-3.2-1B-shaped decode 34.9-35.1 -> 38.5-39.1 tokens/s; two and
-// four activation rows no faster). Each 16 values are dequantized once, exactly
+// four activation rows no faster; Q8_0, memory-bound, within noise). Each 16 values are dequantized once, exactly
 // (d * (q - 8) as fma(q, d, -8 d), or a table lookup; d * q).
 template <int MB>
 constexpr bool kFourRows =
