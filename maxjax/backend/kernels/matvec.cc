@@ -231,6 +231,13 @@ inline Act2 act2(const Q8Rows& a, int64_t ab, bool one) {
 }
 #endif
 
+// A GGUF block's scale: the float16 that leads it, widened.
+inline float block_scale(const uint8_t* blk) {
+  uint16_t h;
+  std::memcpy(&h, blk, 2);
+  return _cvtsh_ss(h);
+}
+
 // A Q4_0 block's 32 values q (0..15, before the -8) as bytes, in value order.
 inline __m256i q4_bytes(const uint8_t* blk) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
@@ -498,6 +505,13 @@ int64_t layer_of(ffi::AnyBuffer layer, const Dims& dims) {
   return std::min<int64_t>(std::max<int64_t>(l, 0), layers - 1);
 }
 
+// The `activations` attribute: 0 (float32) or 1 (Q8_0).
+ffi::Error check_activations(const char* what, int64_t activations) {
+  if (activations != 0 && activations != 1)
+    return ffi::Error::InvalidArgument(std::string(what) + ": activations must be 0 (float32) or 1 (Q8_0)");
+  return ffi::Error::Success();
+}
+
 ffi::Error check_dims(const char* what, int64_t cols, int64_t rows, int64_t out_rows, int64_t group) {
   if (cols <= 0 || cols % group || cols % 16 || rows <= 0 || rows != out_rows)
     return ffi::Error::InvalidArgument(std::string(what) + ": inconsistent shapes");
@@ -544,7 +558,7 @@ ffi::Error NibblesMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
   const auto vd = values.dimensions();
   const int64_t cols = x.dimensions().back(), m_rows = x.element_count() / cols;
   const int64_t rows = 2 * vd[vd.size() - 2];
-  if (activations != 0 && activations != 1) return ffi::Error::InvalidArgument("nibbles matmul: activations must be 0 (float32) or 1 (Q8_0)");
+  if (auto e = check_activations("nibbles matmul", activations); e.failure()) return e;
   const bool q8 = activations == 1;
   if (vd.back() != cols) return ffi::Error::InvalidArgument("nibbles matmul: x and the weight disagree on columns");
   if (auto e = check_dims("nibbles matmul", cols, rows, out->dimensions().back(), 32); e.failure()) return e;
@@ -599,7 +613,7 @@ ffi::Error UnpackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::An
                           ffi::AnyBuffer offset, ffi::AnyBuffer layer, ffi::ResultBuffer<ffi::F32> out, int64_t activations) {
   const auto vd = values.dimensions();
   const auto sd = scale.dimensions();
-  if (activations != 0 && activations != 1) return ffi::Error::InvalidArgument("unpacked matmul: activations must be 0 (float32) or 1 (Q8_0)");
+  if (auto e = check_activations("unpacked matmul", activations); e.failure()) return e;
   const bool q8 = activations == 1;
   const int64_t cols = x.dimensions().back(), m_rows = x.element_count() / cols;
   const int64_t rows = vd[vd.size() - 2];
@@ -675,11 +689,7 @@ constexpr int64_t kMappedPrefetch = K == Kind::kQ4_0 ? 12288 : 16384;
 
 // d[i] = the float16 at p + i * stride, i < n, widened (each block's scale leads the block).
 inline void gather_half(const uint8_t* p, int64_t stride, int64_t n, float* d) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint16_t h;
-    std::memcpy(&h, p + i * stride, 2);
-    d[i] = _cvtsh_ss(h);
-  }
+  for (int64_t i = 0; i < n; ++i) d[i] = block_scale(p + i * stride);
 }
 
 // Whether mapped_pass reads each block's scale alone rather than gathering 16 blocks' scales at
@@ -742,26 +752,19 @@ void mapped_pass(const uint8_t* w, int64_t bpr, const float* x, int64_t rows, in
         if (K == Kind::kQ8_0 || (b & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(ahead[i]), _MM_HINT_T0);  // a line or less apart
         ahead[i] += kBlock, left[i] -= kBlock;
         if (left[i] <= 0) ahead[i] += (R - 1) * bpr, left[i] += bpr;  // on into the stream's next row
+        const float dk = kScalarScale ? block_scale(blk) : d[i][k];
 #if defined(__AVX512F__) && defined(__AVX512BW__)
         if (K == Kind::kQ4_0) {
           // the block's 16 values d * (q - 8) (exact) as a table, looked up by each nibble: one
           // permute per 16 values in place of a convert and an FMA
-          uint16_t h;
-          std::memcpy(&h, blk, 2);
-          const __m512 table = _mm512_mul_ps(kCentered, _mm512_set1_ps(_cvtsh_ss(h)));
+          const __m512 table = _mm512_mul_ps(kCentered, _mm512_set1_ps(dk));
           const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
           w0[i] = {_mm512_permutexvar_ps(q, table)};  // the permute reads an index's low 4 bits
           w1[i] = {_mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table)};
           continue;
         }
 #endif
-        if (kScalarScale) {  // Q8_0 with AVX-512
-          uint16_t h;
-          std::memcpy(&h, blk, 2);
-          decode_block<K>(blk, _cvtsh_ss(h), 0.f, w0[i], w1[i]);
-          continue;
-        }
-        decode_block<K>(blk, d[i][k], K == Kind::kQ4_0 ? c[i][k] : 0.f, w0[i], w1[i]);  // (Q4_0 here: no AVX-512)
+        decode_block<K>(blk, dk, K == Kind::kQ4_0 ? c[i][k] : 0.f, w0[i], w1[i]);  // (Q4_0 here: no AVX-512)
       }
       for (int j = 0; j < MB; ++j) {
         const float* xm = x + (m0 + j) * cols + 32 * b;
@@ -798,9 +801,7 @@ void q8_pass(const uint8_t* w, int64_t bpr, const Q8Rows& a, int64_t rows, int64
     for (int i = 0; i < R; ++i) {
       const uint8_t* blk = p[i] + b * kBlock;
       _mm_prefetch(reinterpret_cast<const char*>(blk + kQ8Prefetch), _MM_HINT_T0);
-      uint16_t h;
-      std::memcpy(&h, blk, 2);
-      d[i] = _cvtsh_ss(h);
+      d[i] = block_scale(blk);
       if (K == Kind::kQ4_0) {
         wq[i] = q4_bytes(blk);
       } else {
@@ -835,7 +836,6 @@ void q8_pass512(const uint8_t* w, int64_t bpr, const Q8Rows& a, int64_t rows, in
   __m512 acc[R][MB];
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
-  const __m256i low4 = _mm256_set1_epi8(15);
   for (int64_t b = 0; b < nb; b += 2) {
     const bool one = b + 1 == nb;
     __m512i u[R];
@@ -846,14 +846,9 @@ void q8_pass512(const uint8_t* w, int64_t bpr, const Q8Rows& a, int64_t rows, in
       const uint8_t* b1 = one ? b0 : b0 + kBlock;  // (its values are masked off)
       _mm_prefetch(reinterpret_cast<const char*>(b0 + kQ8Prefetch), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(b1 + kQ8Prefetch), _MM_HINT_T0);
-      uint16_t h0, h1;
-      std::memcpy(&h0, b0, 2), std::memcpy(&h1, b1, 2);
-      d[i] = halves(_cvtsh_ss(h0), one ? 0.f : _cvtsh_ss(h1));
+      d[i] = halves(block_scale(b0), one ? 0.f : block_scale(b1));
       if (K == Kind::kQ4_0) {
-        const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 2)), r1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + 2));
-        const __m256i y0 = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(r0), _mm_srli_epi16(r0, 4), 1), low4);
-        const __m256i y1 = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(r1), _mm_srli_epi16(r1, 4), 1), low4);
-        u[i] = _mm512_inserti64x4(_mm512_castsi256_si512(y0), y1, 1);
+        u[i] = _mm512_inserti64x4(_mm512_castsi256_si512(q4_bytes(b0)), q4_bytes(b1), 1);
         neg[i] = 0;
       } else {
         const __m256i y0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2)), y1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1 + 2));
@@ -956,7 +951,7 @@ ffi::Error mapped_bytes(const char* what, const ffi::Buffer<ffi::U8>& file, cons
 ffi::Error MappedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> file, ffi::Buffer<ffi::S32> offsets,
                         ffi::AnyBuffer layer, ffi::ResultBuffer<ffi::F32> out, int64_t kind, int64_t activations) {
   const int64_t cols = x.dimensions().back(), m_rows = x.element_count() / cols;
-  if (activations != 0 && activations != 1) return ffi::Error::InvalidArgument("mapped matmul: activations must be 0 (float32) or 1 (Q8_0)");
+  if (auto e = check_activations("mapped matmul", activations); e.failure()) return e;
   const int64_t rows = out->dimensions().back();
   if (auto e = check_dims("mapped matmul", cols, rows, rows, 32); e.failure()) return e;
   if (int64_t(out->element_count()) != m_rows * rows) return ffi::Error::InvalidArgument("mapped matmul: the output's shape");
@@ -986,9 +981,7 @@ void dequantize_rows(ffi::ThreadPool& pool, const uint8_t* w, int64_t bpr, int64
       float* o = out + r * cols;
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = p + b * kBlockBytes<K>;
-        uint16_t h;
-        std::memcpy(&h, blk, 2);
-        const float d = _cvtsh_ss(h);
+        const float d = block_scale(blk);
         V w0, w1;
         decode_block<K>(blk, d, -8.f * d, w0, w1);
         vstore(o + 32 * b, w0);
