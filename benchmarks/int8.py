@@ -65,6 +65,20 @@ def _cpu() -> dict:
     return {"model": model, "flags": flags, "cores": len(os.sched_getaffinity(0))}
 
 
+def step_header(batches: tuple[int, ...]) -> str:
+    """The decode-step columns' header: per batch size, ms per step, tokens/s and the ratio to float32's."""
+    return " ".join(f"{f'b{b} ms':>8} {f'b{b} tok/s':>10} {'vs f32':>7}" for b in batches)
+
+
+def step_cells(step_ms: dict, name: str, batches: tuple[int, ...], digits: int = 1) -> str:
+    """Those columns for configuration ``name`` (``step_ms[name][b]``: ms per step at batch ``b``;
+    ``step_ms["float32"]`` the reference)."""
+    return "".join(
+        f" {step_ms[name][b]:>8.{digits}f} {b * 1e3 / step_ms[name][b]:>10.0f} {step_ms['float32'][b] / step_ms[name][b]:>6.2f}x"
+        for b in batches
+    )
+
+
 def time_decode_steps(lms: dict, batches: tuple[int, ...], rounds: int, steps: int) -> tuple[dict, float]:
     """The median milliseconds of one greedy decode step (cache of 256 positions) of each model
     at each batch size: every shape compiled first, then ``rounds`` rounds of ``steps`` steps,
@@ -158,14 +172,11 @@ def main() -> None:
         f"SmolLM2-135M Q4_1, int8 layout vs float32 ({base.quantized_layout}); CPU {result['cpu']['model']}, "
         f"{result['cpu']['cores']} cores, flags {' '.join(result['cpu']['flags'])}; load {load0:.1f}->{os.getloadavg()[0]:.1f}",
         f"{'config':<14} {'perplexity':>10} {'vs f32':>8} {'same greedy':>12} "
-        + " ".join(f"{f'b{b} ms':>8} {f'b{b} tok/s':>10} {'vs f32':>7}" for b in BATCHES),
+        + step_header(BATCHES),
     ]
     for name in lms:
         row = f"{name:<14} {ppl[name]:>10.4f} {ppl[name] / ppl['float32']:>7.4f}x {same[name]:>11.1%} "
-        for b in BATCHES:
-            ms = step_ms[name][b]
-            row += f" {ms:>8.1f} {b * 1e3 / ms:>10.0f} {step_ms['float32'][b] / ms:>6.2f}x"
-        lines.append(row)
+        lines.append(row + step_cells(step_ms, name, BATCHES))
     lines.append(f"perplexity over {result['eval_tokens']} held-out tokens; greedy tokens: 16 prompts x {a.new_tokens} "
                  "generated together; decode step: cache of 256 positions, medians of interleaved rounds")  # fmt: skip
     text = "\n".join(lines)

@@ -45,7 +45,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from int8 import PROMPTS, _cpu, time_decode_steps  # noqa: E402  (one list of prompts, one CPU record, one timing loop)
+from int8 import PROMPTS, _cpu, step_cells, step_header, time_decode_steps  # noqa: E402  (one list of prompts, one CPU record, one timing loop and table)
 
 CACHE = Path.home() / ".cache" / "maxjax" / "smollm2-135m-instruct-q4_0.gguf"
 BATCHES = (1, 16)
@@ -178,16 +178,13 @@ def main() -> None:
         f"SmolLM2-135M-Instruct, Q8_0 activations vs float32 at batch 1; CPU {result['cpu']['model']}, "
         f"{result['cpu']['cores']} cores, flags {' '.join(result['cpu']['flags'])}; load {load0:.1f}->{os.getloadavg()[0]:.1f}",
         f"{'file':<32} {'config':<10} {'perplexity':>10} {'vs f32':>8} {'same greedy':>12} "
-        + " ".join(f"{f'b{b} ms':>8} {f'b{b} tok/s':>10} {'vs f32':>7}" for b in BATCHES),
+        + step_header(BATCHES),
     ]
     for label, r in runs.items():
         ppl, same, step_ms = r["perplexity"], r["same_greedy_tokens"], r["step_ms"]
         for name in step_ms:
             row = f"{label:<32} {name:<10} {ppl[name]:>10.4f} {ppl[name] / ppl['float32']:>7.4f}x {same[name]:>11.1%} "
-            for b in BATCHES:
-                ms = step_ms[name][b]
-                row += f" {ms:>8.2f} {b * 1e3 / ms:>10.0f} {step_ms['float32'][b] / ms:>6.2f}x"
-            lines.append(row)
+            lines.append(row + step_cells(step_ms, name, BATCHES, digits=2))
         if "llama.cpp" in ppl:
             ratio = ppl["llama.cpp"] / ppl["float32"]
             lines.append(f"{label:<32} {'llama.cpp':<10} {ppl['llama.cpp']:>10.4f} {ratio:>7.4f}x  (same windows, prompt evaluation)")

@@ -31,9 +31,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from maxjax.engine.compiles import compile_counter
 from maxjax.serve.metrics import Metrics
 from maxjax.serve.request import Event, Request, SamplingParams
-from maxjax.serve.steps import Buckets, Steps, compile_counter, key_data
+from maxjax.serve.steps import Buckets, Steps, key_data
 from maxjax.serve.text import StopStrings
 
 __all__ = ["Engine", "QueueFull", "EngineStopped", "ContextLengthExceeded"]

@@ -34,11 +34,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from maxjax.engine.compiles import compile_counter
 from maxjax.models.generation import PROMPT_BUCKETS
 from maxjax.models.sampling import greedy, sample
 
-__all__ = ["Buckets", "Steps", "key_data", "compile_counter"]
+__all__ = ["Buckets", "Steps", "key_data"]
 
 
 def _fit(buckets: tuple[int, ...], n: int) -> int:
@@ -157,7 +156,7 @@ class Steps:
     committed to the model's device, and :meth:`warmup` compiles for exactly that, so that a call
     never meets an argument placement it was not compiled for (JAX compiles again for a committed
     argument where it compiled for an uncommitted one). ``num_traces`` counts traces of the
-    programs; :func:`compile_counter` counts compiles on the calling thread.
+    programs; :func:`maxjax.engine.compiles.compile_counter` counts compiles on the calling thread.
     """
 
     #: the row counts a batched prefill is padded to (capped at the engine's ``max_batch``)
