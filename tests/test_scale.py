@@ -64,6 +64,27 @@ def test_padded_vocabulary_keeps_every_id_valid():
     assert tokens[-1] == "<|reserved_special_token_79103|>" and types[-1] == int(gguf.TokenType.UNUSED)
 
 
+def test_a_tokenizer_only_gguf_stands_in_for_the_package(tmp_path, monkeypatch):
+    """``--tokenizer-only`` writes the tokenizer alone; ``$MAXJAX_SYNTHETIC_TOKENIZER`` pointing at
+    it gives the files the same tokenizer as the bundled SmolLM2's (a machine without it)."""
+    from maxjax.tokenizer import Tokenizer
+
+    tok = tmp_path / "tokenizer.gguf"
+    assert synth.main(["--shape", "tiny", "--tokenizer-only", "--out", str(tok)]) == 0
+    assert tok.stat().st_size < 4 << 20  # the metadata alone (SmolLM2's file is 94 MB)
+    bundled, bundled_tokens = synth.smollm2_gguf(), synth.tokenizer_fields(128256)["tokenizer.ggml.tokens"][0]
+    synth.tokenizer_fields.cache_clear()
+    monkeypatch.setenv("MAXJAX_SYNTHETIC_TOKENIZER", str(tok))
+    try:
+        assert synth.smollm2_gguf() == tok != bundled
+        assert synth.tokenizer_fields(128256)["tokenizer.ggml.tokens"][0] == bundled_tokens
+    finally:
+        synth.tokenizer_fields.cache_clear()
+    text = "The quick brown fox, 1234 times."
+    ids = Tokenizer.from_gguf(str(tok)).encode(text)
+    assert ids == Tokenizer.from_gguf(str(bundled)).encode(text) and len(ids) > 5
+
+
 def test_tiny_loads_and_decodes(tiny):
     from maxjax.graph.weights import gguf as gguf_weights
 
