@@ -33,7 +33,8 @@ Safetensors (``--format safetensors``): a Hugging Face directory (``config.json`
 the same padded tokenizer). Its matrices are rows of 256 values drawn at random from a pool of
 Gaussian rows made once per (dtype, standard deviation), as GGUF tensors draw their blocks: drawing
 every value anew ran at about 0.3 GB/s (48 s for the 1B file here), too slow for the 16 GB 8B file.
-maxjax's llama widens bfloat16 to float32 as it loads; ``--dtype float32`` writes float32.
+maxjax's llama loads bfloat16 as float32 by default (``load_model(dtype=DType.bfloat16)`` keeps it);
+``--dtype float32`` writes float32.
 """
 
 from __future__ import annotations
@@ -345,8 +346,8 @@ def _hf_name(gguf_name: str) -> str:
 def write_safetensors(shape: str, out: Path, *, seed: int = 0, verbose: bool = True, dtype: str = "bfloat16") -> Path:
     """Writes a Hugging Face directory (``model.safetensors`` in ``dtype``, ``config.json``, tokenizer).
 
-    ``dtype``: ``"bfloat16"`` (as the models are published; maxjax's llama widens it to float32
-    as it loads) or ``"float32"``.
+    ``dtype``: ``"bfloat16"`` (as the models are published; maxjax's llama loads it as float32 unless
+    loaded in bfloat16) or ``"float32"``.
     """
     import ml_dtypes
 
@@ -430,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="the file (gguf) or directory (safetensors); default: in --cache")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"cache directory (default {DEFAULT_CACHE}; $MAXJAX_SYNTHETIC_DIR)")
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
-                    help="safetensors dtype (bfloat16 as published; maxjax widens it to float32 on load)")
+                    help="safetensors dtype (bfloat16 as published; maxjax loads it as float32 unless loaded in bfloat16)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rope-freqs", action="store_true", help="write Llama 3's rope_freqs.weight (maxjax refuses it for now)")
     ap.add_argument("--force", action="store_true", help="write even if the file exists")

@@ -299,6 +299,43 @@ def test_low_precision_hugging_face_weights_widen_on_read_to_the_same_model(tmp_
     assert a.generate(["the"], 6)[0].token_ids == b.generate(["the"], 6)[0].token_ids
 
 
+def test_a_bfloat16_checkpoint_loaded_in_bfloat16_keeps_its_weights(tmp_path, monkeypatch):
+    """``load_model(dtype=bfloat16)`` on a Hugging Face directory: the weights stay bfloat16 (as MAX's
+    Llama runs them: half the float32 bytes, none converted), the memory check counts them so, and
+    the logits are the float32 model's to bfloat16 rounding; a float32 file narrows on read."""
+    import jax
+    import ml_dtypes
+
+    low = {k: v.astype(ml_dtypes.bfloat16) for k, v in L.hf_tensors().items()}
+    narrow = _hf(tmp_path, tensors=low, name="narrow")
+    wide = _hf(tmp_path, tensors={k: v.astype(np.float32) for k, v in low.items()}, name="wide")
+    a32 = load_model(narrow)
+    a = load_model(narrow, dtype=DType.bfloat16)
+    b = load_model(wide, dtype=DType.bfloat16)
+    leaves = jax.tree.leaves(a.state)
+    assert {x.dtype for x in leaves} == {np.dtype(ml_dtypes.bfloat16)} == {x.dtype for x in jax.tree.leaves(b.state)}
+    assert 2 * sum(x.nbytes for x in leaves) == sum(x.nbytes for x in jax.tree.leaves(a32.state))
+    w = np.asarray(a.module.state_dict()["layers.1.mlp.down_proj.weight"])
+    np.testing.assert_array_equal(w, low["model.layers.1.mlp.down_proj.weight"])  # the file's values, unchanged
+    tokens = np.array([[3, 9, 4, 17, 2]], np.int32)
+    k, v = a.new_cache(1, 16)
+    assert k.dtype == v.dtype == ml_dtypes.bfloat16
+    la, l32 = (np.asarray(m.prefill(tokens, [5], *m.new_cache(1, 16))[1], np.float32) for m in (a, a32))
+    lb = np.asarray(b.prefill(tokens, [5], *b.new_cache(1, 16))[1], np.float32)
+    np.testing.assert_array_equal(la, lb)  # same values, whichever file dtype they came from
+    scale = float(np.abs(l32).max())
+    assert 0 < float(np.abs(la - l32).max()) < 0.05 * scale  # bfloat16 activations: close, not equal
+    assert len(a.generate(["the"], 4)[0].token_ids) == 4
+    # the memory check counts the weights in the load dtype: float32 would not fit, bfloat16 does
+    from maxjax.models.loading import memory_plan
+
+    need32, need16 = (memory_plan(narrow, dtype=d)["total"] for d in (DType.float32, DType.bfloat16))
+    assert need16 < need32
+    monkeypatch.setenv(MEMORY_ENV, str((need16 + need32) // 2))
+    _refused(narrow, r"does not fit in memory: .* needed")
+    assert load_model(narrow, dtype=DType.bfloat16).config == a.config
+
+
 def test_a_bad_tokenizer_is_reported_before_a_failure_of_the_weights_built_beside_it(tmp_path, no_build):
     """The tokenizer is built on a second thread while the weights are placed; its error still
     comes first, as when it was built before anything else (here the module's build fails too)."""

@@ -41,7 +41,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (1 = off)")
     p.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
-    p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="activation dtype (default float32)")
+    p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="activation and KV-cache dtype, and a Hugging Face checkpoint's weights' dtype (default float32)")
     p.add_argument(
         "--quantized-layout",
         choices=_LAYOUTS,

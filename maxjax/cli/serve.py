@@ -71,7 +71,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="keep compiled programs on disk and load them on the next start (default folder: $MAXJAX_CACHE_DIR "
         "or ~/.cache/maxjax/jax)",
     )  # fmt: skip
-    p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="activation dtype (default float32)")
+    p.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="activation and KV-cache dtype, and a Hugging Face checkpoint's weights' dtype (default float32)")
     p.add_argument("--quantized-layout", choices=_LAYOUTS, default="auto", help="how quantized weights sit in memory (see maxjax generate)")
     p.add_argument("--arithmetic", choices=("auto", "float32", "int8", "q8_0"), default="auto",
                    help="int8 dots for batched products of a quantized model, or q8_0 activations (see maxjax generate)")

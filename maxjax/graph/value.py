@@ -116,9 +116,10 @@ class TensorValue(Value):
             ValueError: this is a symbolic graph value, which has no data until the graph runs.
         """
         if self._array is None:
+            where = f"of graph {self._graph.name!r}" if self._graph is not None else "outside any graph"
             raise ValueError(
-                f"{self!r} is a symbolic value of graph {self._graph.name!r}: it has data only when the "
-                "graph runs (add it to graph.output(...) and execute the model)"
+                f"{self!r} is a symbolic value {where}: it has data only when the graph runs (add it to "
+                "graph.output(...) and execute the model; a module's loaded values: module.state_dict())"
             )
         return self._array
 

@@ -51,7 +51,9 @@ class CausalLM:
         config: its config (``vocab_size``, ``num_hidden_layers``, ``num_key_value_heads``,
             ``head_dim``, ``max_position_embeddings``).
         tokenizer: a :class:`maxjax.tokenizer.Tokenizer`.
-        dtype: activation and KV-cache dtype (float32 default; bfloat16 allowed).
+        dtype: activation and KV-cache dtype (float32 default; bfloat16 allowed), and that of a Hugging
+            Face checkpoint's float weights (a bfloat16 file loaded in bfloat16 keeps its weights as
+            they are: half float32's memory).
         progress: show a progress bar while the weights are placed on the device.
         source: where the model came from (for messages).
         quantized_layout: how quantized weights are kept (a layout of
@@ -234,7 +236,7 @@ class CausalLM:
         """
         from maxjax.tokenizer import Tokenizer
 
-        arch, config, state = checkpoint.open_hf_checkpoint(directory, lazy=True)  # read once, when placed
+        arch, config, state = checkpoint.open_hf_checkpoint(directory, lazy=True, dtype=dtype)  # read once, when placed
         tokenizer = Tokenizer.from_pretrained_dir(Path(directory))
         module = checkpoint.build(arch, config, state, dtype, quantized=False)
         lm = cls(module, config, tokenizer, dtype, progress, str(directory), quantized_layout, policy, mesh, mesh_axes)

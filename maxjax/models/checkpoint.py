@@ -38,12 +38,16 @@ def open_gguf_checkpoint(path: str | os.PathLike[str], *, lazy: bool = False) ->
     return arch, config, weights
 
 
-def open_hf_checkpoint(directory: str | os.PathLike[str], *, lazy: bool = False) -> tuple[Architecture, Any, dict[str, Any]]:
+def open_hf_checkpoint(
+    directory: str | os.PathLike[str], *, lazy: bool = False, dtype: DType = DType.float32
+) -> tuple[Architecture, Any, dict[str, Any]]:
     """``(architecture, config, state)`` of a Hugging Face model directory (``config.json``,
-    ``*.safetensors``), the tensors checked against the config.
+    ``*.safetensors``), the tensors checked against the config, float ones in ``dtype`` (the
+    DType the model loads in, its weights' too).
 
     ``lazy``: tensors are read from the map when placed (one copy, converted on the way where the
-    architecture widens them, e.g. bfloat16 to float32), not when opened.
+    file's dtype is not ``dtype``, e.g. bfloat16 to float32; none where it is and the layout allows),
+    not when opened.
 
     Raises:
         ValueError: a missing or bad ``config.json``, no safetensors, an unsupported architecture,
@@ -61,13 +65,14 @@ def open_hf_checkpoint(directory: str | os.PathLike[str], *, lazy: bool = False)
     files = sorted(str(p) for p in d.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{d}: no *.safetensors files")
-    return arch, config, arch.weights_from_hf(load_weights(files, lazy=lazy), config)  # checks the tensors against the config
+    return arch, config, arch.weights_from_hf(load_weights(files, lazy=lazy), config, dtype)  # checks the tensors against the config
 
 
 def build(arch: Architecture, config: Any, state: dict[str, Any], dtype: DType = DType.float32, *, quantized: bool) -> Any:
     """The architecture's module for ``config`` with ``state`` loaded (quantized GGUF weights take
-    their values' packed dtype, shape and encoding)."""
-    module = arch.build(config, dtype)
+    their values' packed dtype, shape and encoding; a float checkpoint's weights are built in
+    ``dtype``, as ``open_hf_checkpoint`` gave them; a GGUF's float tensors stay float32)."""
+    module = arch.build(config, dtype) if quantized else arch.build(config, dtype, weights_dtype=dtype)
     module.load_state_dict(state, override_quantization_encoding=quantized, weight_alignment=1)
     return module
 
@@ -81,5 +86,5 @@ def module_from_gguf(path: str | os.PathLike[str], dtype: DType = DType.float32,
 
 def module_from_pretrained_dir(directory: str | os.PathLike[str], dtype: DType = DType.float32, *, lazy: bool = False) -> tuple[Any, Any]:
     """``(module, config)``: :func:`open_hf_checkpoint` and the module built with its weights."""
-    arch, config, state = open_hf_checkpoint(directory, lazy=lazy)
+    arch, config, state = open_hf_checkpoint(directory, lazy=lazy, dtype=dtype)
     return build(arch, config, state, dtype, quantized=False), config

@@ -273,6 +273,11 @@ def load_model(
     """Loads a model for generation: a GGUF file, a Hugging Face directory (or repo id in the local
     cache), or with no argument the bundled SmolLM2-135M-Instruct (Q4_1 GGUF).
 
+    ``dtype``: the activations' and KV cache's DType (float32, MAX's default, or bfloat16), and
+    that of a Hugging Face checkpoint's float weights: a bfloat16 file loaded in bfloat16 keeps
+    its weights as they are (half the memory of float32; float32 files round to it on read); a
+    GGUF's quantized weights stay packed and its float tensors float32.
+
     ``arithmetic``: ``"int8"`` runs a GGUF-quantized model's products of 16 rows and more (the
     policy's ``int8_min_rows``) as int8 dots, in the ``int8`` quantized layout (see
     :class:`~maxjax.graph.quantization.Int8Array`; not bit-identical to the file); ``"q8_0"``

@@ -33,8 +33,10 @@ class Architecture:
         config_from_gguf: ``(GGUFWeights, source) -> config`` (raises ValueError naming the key).
         config_from_hf: ``(config.json dict, source) -> config``.
         weights_from_gguf: ``(GGUFWeights, config) -> {module name: WeightData}``.
-        weights_from_hf: ``(Weights, config) -> {module name: WeightData}``.
-        build: ``(config, dtype) -> Module`` with unloaded weights, called as
+        weights_from_hf: ``(Weights, config, dtype) -> {module name: WeightData}``, the float
+            tensors in ``dtype`` (the DType the model loads in).
+        build: ``(config, dtype, weights_dtype=float32) -> Module`` with unloaded weights (float
+            ones in ``weights_dtype``; activations and KV cache in ``dtype``), called as
             ``module(tokens, positions, k_cache, v_cache, last_index) -> (logits, k_cache, v_cache)``.
         module_class: the class ``build`` returns (to find the architecture of a module).
         config_to_hf: ``(config, **extra) -> config.json dict`` (for export; None: not exportable).
@@ -47,8 +49,8 @@ class Architecture:
     config_from_gguf: Callable[[Any, str], Any]
     config_from_hf: Callable[[Mapping[str, Any], str], Any]
     weights_from_gguf: Callable[[Any, Any], dict[str, Any]]
-    weights_from_hf: Callable[[Any, Any], dict[str, Any]]
-    build: Callable[[Any, Any], Any]
+    weights_from_hf: Callable[[Any, Any, Any], dict[str, Any]]
+    build: Callable[..., Any]
     module_class: type | None = None
     config_to_hf: Callable[..., dict[str, Any]] | None = None
     weights_to_hf: Callable[[Mapping[str, Any], Any], dict[str, Any]] | None = None

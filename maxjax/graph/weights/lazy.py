@@ -81,15 +81,21 @@ class LazyTensor:
         rows = index if self.rows is None else self.rows[index]
         return LazyTensor(self.mapped, self.offset, self.stored_dtype, self._stored_shape, rows, self.dtype)
 
-    def cast_on_read(self, dtype: Any) -> "LazyTensor":
-        """The tensor read as ``dtype`` (nothing is read now; each read converts as it copies).
+    def cast_on_read(self, dtype: Any, narrowing: bool = False) -> "LazyTensor":
+        """The tensor read as ``dtype`` (nothing is read now; each read converts as it copies,
+        rounding to nearest even where ``dtype`` is narrower).
+
+        ``narrowing``: allow a float dtype narrower than the stored one (float32 to bfloat16,
+        asked for by loading a model in bfloat16); without it only widening conversions, which
+        lose nothing, are done.
 
         Raises:
-            ValueError: ``dtype`` is not a float dtype at least as wide as the stored one (only
-                widening conversions, which lose nothing, are done on read).
+            ValueError: ``dtype`` or the stored dtype is not a float dtype (bfloat16 included), or
+                ``dtype`` is narrower than the stored one without ``narrowing``.
         """
         dtype = np.dtype(dtype)
-        if dtype.kind != "f" or self.stored_dtype.kind not in "fV" or dtype.itemsize < self.stored_dtype.itemsize:
+        floats = dtype.kind in "fV" and self.stored_dtype.kind in "fV"
+        if not floats or (dtype.itemsize < self.stored_dtype.itemsize and not narrowing):
             raise ValueError(f"cast_on_read: {self.stored_dtype} -> {dtype} is not a widening float conversion")
         return LazyTensor(self.mapped, self.offset, self.stored_dtype, self._stored_shape, self.rows, dtype)
 

@@ -4,20 +4,21 @@ Registered in :mod:`maxjax.models.registry` as ``"llama"`` (GGUF ``general.archi
 Hugging Face ``LlamaForCausalLM``).
 """
 
-from maxjax.models.llama.checks import check_hf_tensors, widen_to_float32
+from maxjax.dtype import DType
+from maxjax.models.llama.checks import cast_float_weight, check_hf_tensors
 from maxjax.models.llama.config import SUPPORTED_GGUF_ARCHITECTURES, LlamaConfig
 from maxjax.models.llama.model import LlamaForCausalLM, build_llama
 from maxjax.models.llama.weights import LLAMA_GGUF_NAMES, LLAMA_HF_NAMES, llama_from_gguf, llama_from_hf, llama_to_hf
 from maxjax.models.registry import Architecture, register
 
 
-def _weights_from_hf(weights, config: LlamaConfig) -> dict:
+def _weights_from_hf(weights, config: LlamaConfig, dtype: DType = DType.float32) -> dict:
     """The checkpoint's tensors checked against ``config`` (before anything is built), as maxjax
-    names, bfloat16/float16 ones widened to the module's float32 (on read for lazy tensors: one
-    copy out of the map; else now); with tied embeddings an ``lm_head.weight`` is dropped, as
-    Hugging Face ignores it."""
-    check_hf_tensors(weights, config)
-    state = {name: widen_to_float32(wd) for name, wd in llama_from_hf(weights).items()}
+    names, in ``dtype`` (the module's weights: converted on read for lazy tensors, one copy out of
+    the map, none where the file holds ``dtype``; else now); with tied embeddings an
+    ``lm_head.weight`` is dropped, as Hugging Face ignores it."""
+    check_hf_tensors(weights, config, dtype)
+    state = {name: cast_float_weight(wd, dtype) for name, wd in llama_from_hf(weights).items()}
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     return state

@@ -203,24 +203,27 @@ def _non_finite(values: np.ndarray) -> str | None:
     return f"holds {bad.size} non-finite value(s) ({values.reshape(-1)[bad[0]]} at index {int(bad[0])})"
 
 
-#: Hugging Face tensor dtypes the llama takes (its weights are float32: the others widen on load).
+#: Hugging Face tensor dtypes the llama takes (converted on load to the dtype it is loaded in).
 HF_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def widen_to_float32(wd: Any) -> Any:
-    """A bfloat16/float16 WeightData as float32: a :class:`~maxjax.graph.weights.lazy.LazyTensor`
-    is converted as it is read (``cast_on_read``, no copy now); other data now (``astype``).
-    Other dtypes are returned as they are."""
+def cast_float_weight(wd: Any, dtype: Any) -> Any:
+    """A float32/bfloat16/float16 WeightData in ``dtype`` (a float DType, wider or narrower: a
+    model loaded in bfloat16 rounds a float32 file's values): a
+    :class:`~maxjax.graph.weights.lazy.LazyTensor` is converted as it is read (``cast_on_read``,
+    no copy now); other data now (``astype``). Data already in ``dtype``, and other dtypes, are
+    returned as they are."""
     from maxjax.dtype import DType
     from maxjax.graph.weights import WeightData
     from maxjax.graph.weights.lazy import LazyTensor
 
-    if wd.dtype not in (DType.bfloat16, DType.float16):
+    if wd.dtype == dtype or wd.dtype not in (DType.float32, DType.bfloat16, DType.float16):
         return wd
     if isinstance(wd.data, LazyTensor):
-        return WeightData(wd.data.cast_on_read(np.float32), wd.name, DType.float32, wd.shape)
-    return wd.astype(DType.float32)
+        return WeightData(wd.data.cast_on_read(dtype.to_numpy(), narrowing=True), wd.name, dtype, wd.shape)
+    return wd.astype(dtype)
+
 
 
 def _gguf_type_ok(kind: str, qtype: Any) -> bool:
@@ -370,14 +373,16 @@ def _padded(n: int, align: int) -> int:
 
 
 
-def check_hf_tensors(weights: Any, config: Any) -> None:
+def check_hf_tensors(weights: Any, config: Any, dtype: Any = None) -> None:
     """Checks a Hugging Face llama checkpoint's tensors (names, ``num_hidden_layers``, shapes,
-    dtypes (float32: the module's), finite norms, size against the memory available) against ``config`` before anything
-    is built or loaded; only the headers and the norm weights are read.
+    dtypes (float ones, converted to the load dtype), finite norms, size in ``dtype`` against the
+    memory available) against ``config`` before anything is built or loaded; only the headers and
+    the norm weights are read.
 
     Args:
         weights: the checkpoint's ``SafetensorWeights`` (``load_weights(files)``).
         config: its :class:`~maxjax.models.llama.config.LlamaConfig`.
+        dtype: the DType the weights load in (None: float32).
 
     Raises:
         ValueError: the first disagreement, naming the safetensors file, the tensor and the
@@ -424,14 +429,15 @@ def check_hf_tensors(weights: Any, config: Any) -> None:
     for name, (kind, dims) in expect.items():
         info = by_name[name]
         _check_shape(info.file, name, tuple(info.shape), dims, values, _HF_LABELS)
-        if info.dtype not in HF_FLOAT_DTYPES:  # the module's weights are float32; narrower floats are widened
+        if info.dtype not in HF_FLOAT_DTYPES:  # converted to the load dtype as they load
             raise ValueError(
                 f"{info.file}: tensor {name} is {info.dtype}; maxjax's llama takes {', '.join(HF_FLOAT_DTYPES)} weights "
-                "(bfloat16 and float16 are widened to float32 as they load)"
+                "(converted to the dtype the model loads in: float32 by default)"
             )
     from maxjax.models.loading import check_fits_in_memory
 
-    check_fits_in_memory(sum(i.nbytes * 4 // max(1, _ITEMSIZE.get(i.dtype, 4)) for i in infos), ", ".join(files))
+    item = 4 if dtype is None else int(np.dtype(dtype.to_numpy()).itemsize)
+    check_fits_in_memory(sum(i.nbytes * item // max(1, _ITEMSIZE.get(i.dtype, 4)) for i in infos), ", ".join(files))
     for name, (kind, _) in expect.items():
         if kind == "norm":
             bad = _non_finite(np.asarray(weights[name].data().to_numpy()))

@@ -173,19 +173,25 @@ class LlamaForCausalLM(Module):
             out = (*out, h)
         return out[0] if len(out) == 1 else out
 
-def build_llama(config: LlamaConfig, dtype: DType = DType.float32, device: DeviceRef | None = None) -> LlamaForCausalLM:
+def build_llama(
+    config: LlamaConfig, dtype: DType = DType.float32, device: DeviceRef | None = None, weights_dtype: DType = DType.float32
+) -> LlamaForCausalLM:
     """A :class:`LlamaForCausalLM` for ``config`` with unloaded weights.
 
-    Quantized checkpoints load with ``load_state_dict(..., override_quantization_encoding=True)``:
-    each weight takes the packed dtype, shape and encoding of its value.
+    ``dtype`` is the activations' and KV cache's DType, ``weights_dtype`` the float weights' (a
+    Hugging Face checkpoint loads its weights in ``dtype``: bfloat16 ones then stay bfloat16, as
+    MAX's Llama runs them; a GGUF's float tensors are float32). Quantized checkpoints load with
+    ``load_state_dict(..., override_quantization_encoding=True)``: each weight takes the packed
+    dtype, shape and encoding of its value.
     """
+    w = weights_dtype
     device = device or DeviceRef.CPU()
     c = config
     rope = RotaryEmbedding(
         c.hidden_size, c.num_attention_heads, c.rope_theta, c.max_position_embeddings, head_dim=c.head_dim, interleaved=False
     )
     kv_params = MHAKVCacheParams(
-        DType.float32, c.head_dim, c.num_hidden_layers, [device], n_kv_heads=c.num_key_value_heads
+        dtype, c.head_dim, c.num_hidden_layers, [device], n_kv_heads=c.num_key_value_heads
     )
     layers = []
     for _ in range(c.num_hidden_layers):
@@ -196,22 +202,22 @@ def build_llama(config: LlamaConfig, dtype: DType = DType.float32, device: Devic
             hidden_size=c.hidden_size,
             kv_params=kv_params,
             devices=[device],
-            dtype=DType.float32,
+            dtype=w,
         )
-        mlp = MLP(DType.float32, None, c.hidden_size, c.intermediate_size, [device])
+        mlp = MLP(w, None, c.hidden_size, c.intermediate_size, [device])
         layers.append(
             LlamaDecoderLayer(
                 attention=attn,
                 mlp=mlp,
-                attention_norm=RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, multiply_before_cast=False, device=device),
-                mlp_norm=RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, multiply_before_cast=False, device=device),
+                attention_norm=RMSNorm(c.hidden_size, w, c.rms_norm_eps, multiply_before_cast=False, device=device),
+                mlp_norm=RMSNorm(c.hidden_size, w, c.rms_norm_eps, multiply_before_cast=False, device=device),
             )
         )
     return LlamaForCausalLM(
-        Embedding(c.vocab_size, c.hidden_size, DType.float32, device),
+        Embedding(c.vocab_size, c.hidden_size, w, device),
         layers,
-        RMSNorm(c.hidden_size, DType.float32, c.rms_norm_eps, multiply_before_cast=False, device=device),
-        Linear(c.hidden_size, c.vocab_size, DType.float32, device),
+        RMSNorm(c.hidden_size, w, c.rms_norm_eps, multiply_before_cast=False, device=device),
+        Linear(c.hidden_size, c.vocab_size, w, device),
         tie_word_embeddings=c.tie_word_embeddings,
         dtype=dtype,
     )
