@@ -239,6 +239,30 @@ def test_functional_and_eager_modes_trace_the_subgraph_once():
     assert all(float(jnp.abs(grads[f"layers.{i}.up.weight"]).max()) > 0 for i in range(4))
 
 
+def test_a_trace_that_raises_leaves_no_subgraph_behind(monkeypatch):
+    """A layer whose trace raises (a bad input, a device mismatch) leaves nothing cached: the next
+    call traces again and runs, rather than finding a subgraph without output (seen on a GPU host,
+    where one test's device error broke every later test of the module)."""
+    m = Stack(3)
+    sd = _load(m)
+    x = RNG.standard_normal((2, 3, D)).astype(np.float32)
+    calls = {"n": 0}
+    real = Block.__call__
+
+    def fails_once(self, h):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("the first trace fails")
+        return real(self, h)
+
+    monkeypatch.setattr(Block, "__call__", fails_once)
+    run = jax.jit(lambda s, x: nn.functional_call(m, s, x))
+    with pytest.raises(RuntimeError, match="the first trace fails"):
+        run(nn.state(m), x)
+    out = jax.jit(lambda s, x: nn.functional_call(m, s, x))(nn.state(m), x)
+    np.testing.assert_allclose(np.asarray(out), _reference(sd, x, 3), atol=1e-5)
+
+
 def test_call_argument_errors():
     m = Stack(2)
     _load(m)

@@ -669,11 +669,12 @@ class Module(Layer):
             if cached is not None:
                 return cached
             sub = Graph(name, input_types=types, _weight_prefix=weight_prefix)
-            self._cache[key] = sub
         with sub:
             out = self(*jax.tree.unflatten(structure, sub.inputs))
             sub.output(*(out if isinstance(out, (list, tuple)) else [out]))
         sub._eager_runner = functools.partial(_run_layer_at, self, weight_prefix, structure)
+        if parent is None:  # cached once whole: a trace that raised leaves no subgraph without output behind
+            self._cache[key] = sub
         return sub
 
     def trace(self, *input_types: TensorType, name: str | None = None, **kwargs: Any) -> Graph:
