@@ -7,7 +7,7 @@ device:
 
 - ``load_s``: ``load_model`` to a model ready to run, and the bytes its state holds on the device
   (the run-time layout: on GPU, Q4_0 unpacked to a byte per value plus scales, bfloat16 widened
-  to float32, as the GPU policy chooses);
+  to float32 unless ``--dtype bfloat16`` keeps it, as the GPU policy and the load dtype choose);
 - ``compile_s``: a first 4-token generation (prefill of the 128-token prompt and decode);
 - ``ttft_s``: time to first token of the same prompt, warm;
 - ``generate tok/s``: batch-1 ``generate`` of ``--steps`` tokens, as a user sees it;
