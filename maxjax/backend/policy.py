@@ -459,8 +459,15 @@ def _amx_takes(x: Any, w: Any) -> bool:
 
 
 def _float32_dot_t(x: Any, w: Any) -> Any:
-    """``x [..., in] @ w [out, in].T`` with float32 results (sums), whatever the operands' dtype."""
-    return lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    """``x [..., in] @ w [out, in].T`` with float32 results (sums), whatever the operands' dtype.
+
+    Written as ``matmul(x, w.T)``, not as a ``dot_general`` over ``w``'s axis 1 (as ``matmul_t``
+    contracts a stored float32 weight): with bfloat16 operands and one row XLA:CPU then widens the
+    whole weight to float32 in memory before the product. One bfloat16 row times 8 bfloat16
+    ``[8192, 2048]`` weights, 2-core Zen 5: 153 ms that way, 7.7 ms this way; 4 to 128 rows the
+    same either way.
+    """
+    return jnp.matmul(x, w.T, preferred_element_type=jnp.float32)
 
 
 def _float32_cotangents(g: Any, x: Any, w: Any) -> tuple[Any, Any]:
