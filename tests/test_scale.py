@@ -72,11 +72,11 @@ def test_a_tokenizer_only_gguf_stands_in_for_the_package(tmp_path, monkeypatch):
     tok = tmp_path / "tokenizer.gguf"
     assert synth.main(["--shape", "tiny", "--tokenizer-only", "--out", str(tok)]) == 0
     assert tok.stat().st_size < 4 << 20  # the metadata alone (SmolLM2's file is 94 MB)
-    bundled, bundled_tokens = synth.smollm2_gguf(), synth.tokenizer_fields(128256)["tokenizer.ggml.tokens"][0]
+    bundled, bundled_tokens = synth.tokenizer_gguf(), synth.tokenizer_fields(128256)["tokenizer.ggml.tokens"][0]
     synth.tokenizer_fields.cache_clear()
     monkeypatch.setenv("MAXJAX_SYNTHETIC_TOKENIZER", str(tok))
     try:
-        assert synth.smollm2_gguf() == tok != bundled
+        assert synth.tokenizer_gguf() == tok != bundled
         assert synth.tokenizer_fields(128256)["tokenizer.ggml.tokens"][0] == bundled_tokens
     finally:
         synth.tokenizer_fields.cache_clear()

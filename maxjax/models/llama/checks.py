@@ -27,6 +27,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from maxjax.dtype import DType
+
 __all__ = [
     "INT32_MAX",
     "boolean",
@@ -214,7 +216,6 @@ def cast_float_weight(wd: Any, dtype: Any) -> Any:
     :class:`~maxjax.graph.weights.lazy.LazyTensor` is converted as it is read (``cast_on_read``,
     no copy now); other data now (``astype``). Data already in ``dtype``, and other dtypes, are
     returned as they are."""
-    from maxjax.dtype import DType
     from maxjax.graph.weights import WeightData
     from maxjax.graph.weights.lazy import LazyTensor
 
@@ -223,7 +224,6 @@ def cast_float_weight(wd: Any, dtype: Any) -> Any:
     if isinstance(wd.data, LazyTensor):
         return WeightData(wd.data.cast_on_read(dtype.to_numpy(), narrowing=True), wd.name, dtype, wd.shape)
     return wd.astype(dtype)
-
 
 
 def _gguf_type_ok(kind: str, qtype: Any) -> bool:
@@ -373,7 +373,7 @@ def _padded(n: int, align: int) -> int:
 
 
 
-def check_hf_tensors(weights: Any, config: Any, dtype: Any = None) -> None:
+def check_hf_tensors(weights: Any, config: Any, dtype: DType = DType.float32) -> None:
     """Checks a Hugging Face llama checkpoint's tensors (names, ``num_hidden_layers``, shapes,
     dtypes (float ones, converted to the load dtype), finite norms, size in ``dtype`` against the
     memory available) against ``config`` before anything is built or loaded; only the headers and
@@ -382,7 +382,7 @@ def check_hf_tensors(weights: Any, config: Any, dtype: Any = None) -> None:
     Args:
         weights: the checkpoint's ``SafetensorWeights`` (``load_weights(files)``).
         config: its :class:`~maxjax.models.llama.config.LlamaConfig`.
-        dtype: the DType the weights load in (None: float32).
+        dtype: the DType the weights load in.
 
     Raises:
         ValueError: the first disagreement, naming the safetensors file, the tensor and the
@@ -436,7 +436,7 @@ def check_hf_tensors(weights: Any, config: Any, dtype: Any = None) -> None:
             )
     from maxjax.models.loading import check_fits_in_memory
 
-    item = 4 if dtype is None else int(np.dtype(dtype.to_numpy()).itemsize)
+    item = np.dtype(dtype.to_numpy()).itemsize
     check_fits_in_memory(sum(i.nbytes * item // max(1, _ITEMSIZE.get(i.dtype, 4)) for i in infos), ", ".join(files))
     for name, (kind, _) in expect.items():
         if kind == "norm":
