@@ -273,21 +273,27 @@ def test_the_synthetic_model_round_trips_its_config(tmp_path):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_low_precision_hugging_face_weights_widen_on_read_to_the_same_model(tmp_path, dtype):
     """A bfloat16/float16 checkpoint loads as float32 (each tensor converted in its one copy out of
-    the map): the same logits, bit for bit, as a float32 checkpoint of the same rounded values."""
+    the map): the same logits, bit for bit, as a float32 checkpoint of the same rounded values.
+    (A bfloat16 one keeps its weights where the policy's ``keep_bfloat16_weights`` holds, the
+    CPU's default: tests/test_bfloat16_weights.py; this is the policy that widens at load.)"""
+    import dataclasses
+
     import jax
     import ml_dtypes
 
+    from maxjax.backend import policy_for
     from maxjax.graph.weights.lazy import LazyTensor
     from maxjax.models import checkpoint
 
+    widen = dataclasses.replace(policy_for("cpu"), keep_bfloat16_weights=False)
     low = {k: v.astype(getattr(ml_dtypes, dtype) if dtype == "bfloat16" else np.float16) for k, v in L.hf_tensors().items()}
     narrow = _hf(tmp_path, tensors=low, name="narrow")
     wide = _hf(tmp_path, tensors={k: v.astype(np.float32) for k, v in low.items()}, name="wide")
-    _, _, state = checkpoint.open_hf_checkpoint(narrow, lazy=True)
+    _, _, state = checkpoint.open_hf_checkpoint(narrow, lazy=True, policy=widen)
     w = state["layers.1.mlp.down_proj.weight"]
     assert w.dtype == DType.float32 and isinstance(w.data, LazyTensor) and w.data.stored_dtype.itemsize == 2
     np.testing.assert_array_equal(np.asarray(w.data), low["model.layers.1.mlp.down_proj.weight"].astype(np.float32))
-    a, b = load_model(narrow), load_model(wide)
+    a, b = load_model(narrow, policy=widen), load_model(wide)
     assert all(x.dtype == np.float32 for x in jax.tree.leaves(a.state))
     tokens = np.array([[3, 9, 4, 17, 2]], np.int32)
     la = a.prefill(tokens, [5], *a.new_cache(1, 16))[1]
@@ -300,13 +306,17 @@ def test_a_bfloat16_checkpoint_loaded_in_bfloat16_keeps_its_weights(tmp_path, mo
     """``load_model(dtype=bfloat16)`` on a Hugging Face directory: the weights stay bfloat16 (as MAX's
     Llama runs them: half the float32 bytes, none converted), the memory check counts them so, and
     the logits are the float32 model's to bfloat16 rounding; a float32 file narrows on read."""
+    import dataclasses
+
     import jax
     import ml_dtypes
+
+    from maxjax.backend import policy_for
 
     low = {k: v.astype(ml_dtypes.bfloat16) for k, v in L.hf_tensors().items()}
     narrow = _hf(tmp_path, tensors=low, name="narrow")
     wide = _hf(tmp_path, tensors={k: v.astype(np.float32) for k, v in low.items()}, name="wide")
-    a32 = load_model(narrow)
+    a32 = load_model(narrow, policy=dataclasses.replace(policy_for("cpu"), keep_bfloat16_weights=False))  # widened at load
     a = load_model(narrow, dtype=DType.bfloat16)
     b = load_model(wide, dtype=DType.bfloat16)
     leaves = jax.tree.leaves(a.state)

@@ -236,7 +236,7 @@ class CausalLM:
         """
         from maxjax.tokenizer import Tokenizer
 
-        arch, config, state = checkpoint.open_hf_checkpoint(directory, lazy=True, dtype=dtype)  # read once, when placed
+        arch, config, state = checkpoint.open_hf_checkpoint(directory, lazy=True, dtype=dtype, policy=policy, mesh=mesh)  # read once, when placed
         tokenizer = Tokenizer.from_pretrained_dir(Path(directory))
         module = checkpoint.build(arch, config, state, dtype, quantized=False)
         lm = cls(module, config, tokenizer, dtype, progress, str(directory), quantized_layout, policy, mesh, mesh_axes)

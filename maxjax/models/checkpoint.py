@@ -15,7 +15,30 @@ from typing import Any
 from maxjax.dtype import DType
 from maxjax.models.registry import Architecture, for_gguf, for_hf_config, read_hf_config
 
-__all__ = ["module_from_gguf", "module_from_pretrained_dir", "open_gguf_checkpoint", "open_hf_checkpoint"]
+__all__ = ["float_weights_dtype", "module_from_gguf", "module_from_pretrained_dir", "open_gguf_checkpoint", "open_hf_checkpoint"]
+
+
+def float_weights_dtype(stored: Any, dtype: DType, policy: Any = None, mesh: Any = None) -> DType:
+    """The DType a Hugging Face checkpoint's float weights load in, for a model whose activations
+    are ``dtype``: ``dtype``, except that a float32 model keeps a checkpoint whose float tensors
+    are all bfloat16 in bfloat16 where the backend policy's ``keep_bfloat16_weights`` holds and
+    it runs on one device (each product then widens the weights exactly: float32 arithmetic,
+    half the memory).
+
+    Args:
+        stored: the checkpoint's tensor dtypes (NumPy-style names, ``"bfloat16"``, ``"float32"``,
+            or safetensors' ``"BF16"``, ``"F32"``, ...).
+        dtype: the model's DType.
+        policy: the backend policy, platform or device (None: JAX's default backend's).
+        mesh: the mesh the model runs on, or None.
+    """
+    from maxjax.backend import policy_for
+
+    names = {str(s).lower() for s in stored}
+    bfloat16 = bool(names) and names <= {"bfloat16", "bf16"}
+    if dtype == DType.float32 and bfloat16 and mesh is None and policy_for(policy).keep_bfloat16_weights:
+        return DType.bfloat16
+    return dtype
 
 
 def open_gguf_checkpoint(path: str | os.PathLike[str], *, lazy: bool = False) -> tuple[Architecture, Any, Any]:
@@ -39,11 +62,12 @@ def open_gguf_checkpoint(path: str | os.PathLike[str], *, lazy: bool = False) ->
 
 
 def open_hf_checkpoint(
-    directory: str | os.PathLike[str], *, lazy: bool = False, dtype: DType = DType.float32
+    directory: str | os.PathLike[str], *, lazy: bool = False, dtype: DType = DType.float32, policy: Any = None, mesh: Any = None
 ) -> tuple[Architecture, Any, dict[str, Any]]:
     """``(architecture, config, state)`` of a Hugging Face model directory (``config.json``,
-    ``*.safetensors``), the tensors checked against the config, float ones in ``dtype`` (the
-    DType the model loads in, its weights' too).
+    ``*.safetensors``), the tensors checked against the config, float ones in
+    :func:`float_weights_dtype` (``dtype``, the DType the model loads in; or a bfloat16 file's
+    own bfloat16 for a float32 model, where ``policy`` keeps it and there is no ``mesh``).
 
     ``lazy``: tensors are read from the map when placed (one copy, converted on the way where the
     file's dtype is not ``dtype``, e.g. bfloat16 to float32; none where it is and the layout allows),
@@ -65,14 +89,23 @@ def open_hf_checkpoint(
     files = sorted(str(p) for p in d.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{d}: no *.safetensors files")
-    return arch, config, arch.weights_from_hf(load_weights(files, lazy=lazy), config, dtype)  # checks the tensors against the config
+    from maxjax.graph.weights import summarize
+
+    weights = load_weights(files, lazy=lazy)
+    weights_dtype = float_weights_dtype({i.dtype for i in summarize(weights).tensors}, dtype, policy, mesh)
+    return arch, config, arch.weights_from_hf(weights, config, weights_dtype)  # checks the tensors against the config
 
 
 def build(arch: Architecture, config: Any, state: dict[str, Any], dtype: DType = DType.float32, *, quantized: bool) -> Any:
     """The architecture's module for ``config`` with ``state`` loaded (quantized GGUF weights take
-    their values' packed dtype, shape and encoding; a float checkpoint's weights are built in
-    ``dtype``, as ``open_hf_checkpoint`` gave them; a GGUF's float tensors stay float32)."""
-    module = arch.build(config, dtype) if quantized else arch.build(config, dtype, weights_dtype=dtype)
+    their values' packed dtype, shape and encoding; a float checkpoint's weights are built in the
+    dtype ``open_hf_checkpoint`` gave them: ``dtype``, or bfloat16 kept for a float32 model; a
+    GGUF's float tensors stay float32)."""
+    if quantized:
+        module = arch.build(config, dtype)
+    else:
+        kept = {wd.dtype for wd in state.values()} == {DType.bfloat16}  # see float_weights_dtype
+        module = arch.build(config, dtype, weights_dtype=DType.bfloat16 if kept else dtype)
     module.load_state_dict(state, override_quantization_encoding=quantized, weight_alignment=1)
     return module
 

@@ -112,7 +112,9 @@ def memory_plan(
     the run-time layout ``quantized_layout`` (None: the backend policy's, e.g. ``"unpacked"``
     int8 values on AVX2, about 1.9x the file's Q4_0 bytes, and the file's own bytes for the
     encodings it reads in place, ``mapped_encodings``); float GGUF tensors as stored;
-    safetensors tensors in ``dtype`` (bfloat16 weights loaded as float32 take twice their file).
+    safetensors tensors in the dtype they load in (``dtype``: bfloat16 weights widened to float32
+    take twice their file, or kept bfloat16 where the policy's ``keep_bfloat16_weights`` holds,
+    :func:`~maxjax.models.checkpoint.float_weights_dtype`).
 
     Returns:
         ``{"file": bytes of the files, "weights": bytes of the weights in their run-time layout,
@@ -139,8 +141,10 @@ def memory_plan(
         import struct
 
         try:
+            from maxjax.models.checkpoint import float_weights_dtype
+
             files = sorted(path.glob("*.safetensors"))
-            weights, blocks, head = 0, set(), 0
+            values, stored, blocks, head = 0, set(), set(), 0
             for f in files:
                 with open(f, "rb") as fh:
                     (n,) = struct.unpack("<Q", fh.read(8))
@@ -148,10 +152,12 @@ def memory_plan(
                 for name, info in header.items():
                     if name == "__metadata__":
                         continue
-                    weights += math.prod(int(d) for d in info["shape"]) * item
+                    values += math.prod(int(d) for d in info["shape"])
+                    stored.add(info["dtype"])
                     if name.endswith(".self_attn.k_proj.weight"):  # the KV cache from the tensors (config.json is checked later)
                         blocks.add(name)
                         head = int(info["shape"][0])
+            weights = values * np.dtype(float_weights_dtype(stored, dtype, policy).to_numpy()).itemsize
             layers, kv = len(blocks), 1
             file_bytes = sum(os.path.getsize(f) for f in files)
         except Exception:  # a broken config or header: the loader's own checks say what is wrong

@@ -60,6 +60,7 @@ inline V vload(const float* p) { return {_mm512_loadu_ps(p)}; }
 inline void vstore(float* p, V a) { _mm512_storeu_ps(p, a.v); }
 inline V vbcast(float s) { return {_mm512_set1_ps(s)}; }
 inline V vmul(V a, V b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline V vadd(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline V vfma(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 inline float vsum(V a) { return _mm512_reduce_add_ps(a.v); }
 // 16 bytes -> their low and high nibbles as floats
@@ -83,6 +84,7 @@ inline V vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p +
 inline void vstore(float* p, V a) { _mm256_storeu_ps(p, a.a), _mm256_storeu_ps(p + 8, a.b); }
 inline V vbcast(float s) { return {_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
 inline V vmul(V x, V y) { return {_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; }
+inline V vadd(V x, V y) { return {_mm256_add_ps(x.a, y.a), _mm256_add_ps(x.b, y.b)}; }
 inline V vfma(V x, V y, V z) { return {_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)}; }
 inline float vsum(V x) {
   __m256 s = _mm256_add_ps(x.a, x.b);
@@ -1009,6 +1011,115 @@ ffi::Error MappedDequantize(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> file, ffi
   return ffi::Error::Success();
 }
 
+
+// ---- bfloat16 weights, widened exactly -----------------------------------------------------------
+// A bfloat16 value is the high half of a float32: widening is a shift, and the product is the
+// float32 product of the weight's values (x is not rounded). 16 values from 32 bytes.
+inline V bf16x16(const uint16_t* p) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(u, 16))};
+#else
+  const __m256i a = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i b = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))};
+#endif
+}
+
+// Weight rows per pass and independent sums per (weight row, activation row), by activation
+// rows: each widened value feeds MB products, and R rows a pass reuse each activation load R
+// times; C interleaved sums break the FMA latency chain where MB * R alone is short. At most 16
+// accumulators (AVX-512's 32 registers; AVX2 takes 1 or 2 activation rows a pass).
+template <int MB>
+constexpr int kRowsPerPass = MB >= 8 ? 2 : (MB >= 4 ? 4 : 1);
+template <int MB>
+constexpr int kChains = MB >= 4 ? 1 : (MB == 2 ? 2 : 4);
+
+// Rows [r, r + R) of a bfloat16 weight (row-major, `cols` values each) times activation rows
+// [m0, m0 + MB). Each stream prefetches its own row kPrefetch bytes ahead, or where a row is
+// shorter than that, the same place R rows on (the row it reads in the next pass).
+template <int MB, int R>
+void bf16_pass(const uint16_t* w, const float* x, int64_t rows, int64_t cols, int64_t m0, int64_t r, float* out) {
+  constexpr int C = kChains<MB>;
+  const uint16_t* v[R];
+  for (int i = 0; i < R; ++i) v[i] = w + (r + i) * cols;
+  const int64_t ahead = R == 1 || 2 * cols >= kPrefetch ? 0 : R * cols - kPrefetch / 2;  // values, on top of prefetch()'s distance
+  V acc[R][C][MB];
+  for (int i = 0; i < R; ++i)
+    for (int c = 0; c < C; ++c)
+      for (int j = 0; j < MB; ++j) acc[i][c][j] = vzero();
+  for (int64_t k = 0; k < cols; k += 16 * C) {  // cols is a multiple of 64 >= 16 * C (checked)
+    for (int c = 0; c < C; ++c) {
+      const int64_t kc = k + 16 * c;
+      V wv[R];
+      for (int i = 0; i < R; ++i) {
+        if ((kc & 31) == 0) prefetch(v[i] + kc + ahead);  // each 64-byte line once
+        wv[i] = bf16x16(v[i] + kc);
+      }
+      for (int j = 0; j < MB; ++j) {
+        const V xv = vload(x + (m0 + j) * cols + kc);
+        for (int i = 0; i < R; ++i) acc[i][c][j] = vfma(wv[i], xv, acc[i][c][j]);
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < MB; ++j) {
+      V sum = acc[i][0][j];
+      for (int c = 1; c < C; ++c) sum = vadd(sum, acc[i][c][j]);
+      out[(m0 + j) * rows + r + i] = vsum(sum);
+    }
+}
+
+// Rows [r0, r1) of a bfloat16 weight times activation rows [m0, m0 + MB), R at a time, the rest
+// one by one (cols is a multiple of 64: checked).
+template <int MB>
+void bf16_rows(const uint16_t* w, const float* x, int64_t rows, int64_t cols, int64_t m0, int64_t r0, int64_t r1, float* out) {
+  constexpr int R = kRowsPerPass<MB>;
+  int64_t r = r0;
+  for (; r + R <= r1; r += R) bf16_pass<MB, R>(w, x, rows, cols, m0, r, out);
+  for (; r < r1; ++r) bf16_pass<MB, 1>(w, x, rows, cols, m0, r, out);
+}
+
+ffi::Error Bfloat16Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer values, ffi::AnyBuffer layer,
+                          ffi::ResultBuffer<ffi::F32> out) {
+  const auto vd = values.dimensions();
+  const int64_t cols = x.dimensions().back(), m_rows = x.element_count() / cols;
+  if (values.element_type() != ffi::BF16 || vd.size() < 2)
+    return ffi::Error::InvalidArgument("bfloat16 matmul: the weight must be bfloat16 [layers?, rows, cols]");
+  const int64_t rows = vd[vd.size() - 2];
+  if (vd.back() != cols) return ffi::Error::InvalidArgument("bfloat16 matmul: x and the weight disagree on columns");
+  if (auto e = check_dims("bfloat16 matmul", cols, rows, out->dimensions().back(), 64); e.failure()) return e;
+  if (int64_t(out->element_count()) != m_rows * rows) return ffi::Error::InvalidArgument("bfloat16 matmul: the output's shape");
+  const int64_t l = layer_of(layer, vd);
+  const uint16_t* w = reinterpret_cast<const uint16_t*>(values.untyped_data()) + l * rows * cols;
+  const float* xp = x.typed_data();
+  float* o = out->typed_data();
+  parallel_for(pool, rows, rows * cols * m_rows, [&](int64_t r0, int64_t r1) {
+    over_rows(m_rows, [&](int64_t m, auto mb) { bf16_rows<decltype(mb)::value>(w, xp, rows, cols, m, r0, r1, o); });
+  });
+  return ffi::Error::Success();
+}
+
+// Rows [start, start + count) of a bfloat16 weight's layer widened to float32 [count, cols] (a
+// prompt's product widens the weight a block of rows at a time for XLA's GEMM).
+ffi::Error Bfloat16Rows(ffi::ThreadPool pool, ffi::AnyBuffer values, ffi::AnyBuffer layer, ffi::Buffer<ffi::S32> start,
+                        ffi::ResultBuffer<ffi::F32> out) {
+  const auto vd = values.dimensions();
+  const auto od = out->dimensions();
+  if (values.element_type() != ffi::BF16 || vd.size() < 2 || od.size() != 2 || od[1] != vd.back() || vd.back() % 16)
+    return ffi::Error::InvalidArgument("bfloat16 rows: the weight must be bfloat16 [layers?, rows, cols], cols a multiple of 16, "
+                                       "and the output float32 [count, cols]");
+  if (start.element_count() != 1) return ffi::Error::InvalidArgument("bfloat16 rows: no start");
+  const int64_t rows = vd[vd.size() - 2], cols = vd.back(), count = od[0], first = start.typed_data()[0];
+  if (first < 0 || first + count > rows) return ffi::Error::InvalidArgument("bfloat16 rows: rows outside the weight");
+  const uint16_t* w = reinterpret_cast<const uint16_t*>(values.untyped_data()) + (layer_of(layer, vd) * rows + first) * cols;
+  float* o = out->typed_data();
+  parallel_for(pool, count, count * cols, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0 * cols; i < r1 * cols; i += 16) vstore(o + i, bf16x16(w + i));
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_nibbles_matmul, NibblesMatmul,
@@ -1056,4 +1167,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_mapped_dequantize, MappedDequantize,
                                   .Arg<ffi::Buffer<ffi::S32>>()  // start: int32 [], the first row
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out [rows, cols]
                                   .Attr<int64_t>("kind")         // 0 Q4_0, 2 Q8_0
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_bfloat16_matmul, Bfloat16Matmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [..., cols]
+                                  .Arg<ffi::AnyBuffer>()         // values bf16 [layers?, rows, cols]
+                                  .Arg<ffi::AnyBuffer>()         // layer: int32 [] (or empty: no layer axis)
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // out [..., rows]
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_bfloat16_rows, Bfloat16Rows,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()         // values bf16 [layers?, rows, cols]
+                                  .Arg<ffi::AnyBuffer>()         // layer: int32 [] (or empty)
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // start: int32 [], the first row
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // out [count, cols]
 );

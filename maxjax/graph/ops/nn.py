@@ -69,7 +69,8 @@ def _softmax(x: Any, *, axis: int) -> Any:
 def _matmul_t(x: Any, w: Any, *, policy: Any, dtype: Any = None) -> Any:
     if isinstance(w, LayerIndexed):  # a per-layer weight in a scanned layer: each layer's buffer in place
         return w.apply(lambda layer: _matmul_t(x, layer, policy=policy, dtype=dtype))
-    if dtype is not None and not policy.autocasts(x, w):  # autocast: float32 x, bfloat16 w as they are
+    widened = policy.widens(x, w) and dtype == jnp.float32  # float32 x, bfloat16 w: widened in the product
+    if dtype is not None and not policy.autocasts(x, w) and not widened:  # autocast: float32 x, bfloat16 w as they are
         x, w = jax.lax.convert_element_type(x, dtype), jax.lax.convert_element_type(w, dtype)
     return policy.matmul_t(x, w, stored=True)
 

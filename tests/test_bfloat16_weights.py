@@ -1,0 +1,172 @@
+"""bfloat16 weights in float32 arithmetic: maxjax's kernel product (each value widened exactly in
+a register) against the float32 product of the widened weight, its gradients and refusals; the
+policy's routing of a float32 ``x`` times a stored bfloat16 weight; and a float32 model loaded
+from a bfloat16 checkpoint, which keeps the file's bfloat16 weights (``keep_bfloat16_weights``)
+and gives the logits of the model widened at load."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import llama_files as L
+from maxjax.models.loading import load_model
+from maxjax.backend import kernels, policy_for
+from maxjax.dtype import DType
+from maxjax.models import checkpoint
+from maxjax.models.loading import memory_plan
+
+RNG = np.random.default_rng(11)
+CPU = policy_for("cpu")
+WIDEN_AT_LOAD = dataclasses.replace(CPU, keep_bfloat16_weights=False)
+NO_KERNEL = dataclasses.replace(CPU, native_matmul_max_rows=0)
+HI = jax.lax.Precision.HIGHEST
+
+
+def _bf16(*shape: int) -> jax.Array:
+    return jnp.asarray((RNG.standard_normal(shape) * 0.05).astype(ml_dtypes.bfloat16))
+
+
+def _reference(x, w):
+    """float64 product of the widened weight: what float32 arithmetic approximates."""
+    return np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
+
+
+def _close(got, want):
+    """float32 sums in another order: within a few ulps of the largest term's sum."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 13, 32])
+@pytest.mark.parametrize("rows,cols", [(24, 64), (37, 192), (256, 2048)])
+def test_kernel_product_is_the_float32_product_of_the_widened_weight(m, rows, cols):
+    x = jnp.asarray(RNG.standard_normal((m, cols)).astype(np.float32))
+    w = _bf16(rows, cols)
+    got = jax.jit(kernels.bfloat16_matmul)(x, w)
+    assert got.shape == (m, rows) and got.dtype == jnp.float32
+    _close(got, _reference(x, w))
+
+
+def test_kernel_takes_leading_axes_and_a_stacked_layer_in_place():
+    x = jnp.asarray(RNG.standard_normal((2, 3, 128)).astype(np.float32))  # [batch, seq, cols]
+    stack = _bf16(4, 40, 128)  # [layers, rows, cols]
+    for layer in (0, 2, 3, 9):  # out of range clamps, as XLA's dynamic-slice does
+        got = jax.jit(lambda x, s, l: kernels.bfloat16_matmul(x, s, l))(x, stack, jnp.int32(layer))
+        assert got.shape == (2, 3, 40)
+        _close(got.reshape(6, 40), _reference(x.reshape(6, 128), stack[min(layer, 3)]))
+
+
+@pytest.mark.parametrize("widen_rows", [8, 16, 48])
+def test_widened_blocks_for_many_rows_give_the_same_product(widen_rows):
+    x = jnp.asarray(RNG.standard_normal((70, 128)).astype(np.float32))
+    w = _bf16(48, 128)
+    got = jax.jit(lambda x, w: kernels.bfloat16_matmul(x, w, widen_rows=widen_rows))(x, w)
+    _close(got, _reference(x, w))
+    rows = jax.jit(lambda w: kernels.bfloat16_rows(w, 8, 16))(w)  # rows 8..23, exactly widened
+    np.testing.assert_array_equal(np.asarray(rows), np.asarray(w[8:24]).astype(np.float32))
+
+
+@pytest.mark.parametrize("widen_rows", [0, 16])
+def test_gradients_are_the_widened_weights(widen_rows):
+    x = jnp.asarray(RNG.standard_normal((3, 64)).astype(np.float32))
+    w = _bf16(32, 64)
+    g = jnp.asarray(RNG.standard_normal((3, 32)).astype(np.float32))
+
+    def loss(x, w):
+        return jnp.sum(kernels.bfloat16_matmul(x, w, widen_rows=widen_rows) * g)
+
+    def ref(x, w):
+        return jnp.sum(jnp.matmul(x, w.astype(jnp.float32).T, precision=HI) * g)
+
+    dx, dw = jax.grad(loss, argnums=(0, 1))(x, w)
+    rx, rw = jax.grad(ref, argnums=(0, 1))(x, w)
+    assert dw.dtype == jnp.bfloat16
+    _close(dx, rx)
+    np.testing.assert_allclose(np.asarray(dw, np.float32), np.asarray(rw, np.float32), rtol=1e-2, atol=1e-3)
+
+
+def test_kernel_refuses_what_it_cannot_multiply():
+    x = jnp.zeros((2, 64), jnp.float32)
+    with pytest.raises(ValueError, match=r"multiple of 64, got bfloat16\[8, 96\]"):
+        kernels.bfloat16_matmul(jnp.zeros((2, 96), jnp.float32), _bf16(8, 96))
+    with pytest.raises(ValueError, match="x must be float32, got bfloat16"):
+        kernels.bfloat16_matmul(x.astype(jnp.bfloat16), _bf16(8, 64))
+    with pytest.raises(ValueError, match="x has 128 features"):
+        kernels.bfloat16_matmul(jnp.zeros((2, 128), jnp.float32), _bf16(8, 64))
+    with pytest.raises(ValueError, match="needs a layer index"):
+        kernels.bfloat16_matmul(x, _bf16(2, 8, 64))
+    with pytest.raises(ValueError, match="needs no layer index"):
+        kernels.bfloat16_matmul(x, _bf16(8, 64), jnp.int32(0))
+    with pytest.raises(ValueError, match="widen_rows must be 0 or a divisor of the weight's 8 rows, got 3"):
+        kernels.bfloat16_matmul(x, _bf16(8, 64), widen_rows=3)
+    assert not kernels.takes_bfloat16(jnp.zeros((8, 64), jnp.float32))
+
+
+@pytest.mark.parametrize("m", [1, 4, 40])
+def test_the_policy_widens_a_stored_bfloat16_weight_in_the_kernel(m):
+    """float32 ``x`` times a stored bfloat16 weight: the kernel's product for a few rows, XLA's GEMM
+    against widened blocks for many; no float32 copy of the whole weight is converted where the
+    kernel reads it; the no-kernel policy's product is the same to the order of the sums."""
+    x = jnp.asarray(RNG.standard_normal((m, 128)).astype(np.float32))
+    w = _bf16(512, 128)
+    assert CPU.widens(x, w) and not CPU.widens(x.astype(jnp.bfloat16), w) and not CPU.widens(x, w.astype(jnp.float32))
+    assert not dataclasses.replace(CPU, autocast=True).widens(x, w)  # a bfloat16 Trainer's recipe instead
+    fn = jax.jit(lambda x, w: CPU.matmul_t(x, w, stored=True))
+    hlo = fn.lower(x, w).as_text()
+    assert ("maxjax_bfloat16_matmul" in hlo) == (m <= CPU.native_matmul_max_rows)
+    assert ("maxjax_bfloat16_rows" in hlo) == (m > CPU.native_matmul_max_rows)
+    assert "stablehlo.convert" not in hlo  # the weight is never converted by XLA
+    _close(fn(x, w), _reference(x, w))
+    _close(jax.jit(lambda x, w: NO_KERNEL.matmul_t(x, w, stored=True))(x, w), _reference(x, w))
+
+
+def test_widened_blocks_are_the_whole_weight_or_divisors_within_the_budget():
+    p = dataclasses.replace(CPU, widened_block_bytes=1 << 20)  # 262144 float32 values
+    assert p.widened_rows(256, 1024) == 256  # 1 MiB: whole
+    assert p.widened_rows(720, 1024) == 240  # the largest divisor of 720 within 256 rows
+    assert p.widened_rows(7, 1 << 20) == 1  # not even one row fits: one at a time
+
+
+def test_which_dtype_a_hugging_face_checkpoint_loads_in():
+    f = checkpoint.float_weights_dtype
+    assert f({"bfloat16"}, DType.float32, CPU) == DType.bfloat16
+    assert f({"BF16"}, DType.float32, CPU) == DType.bfloat16  # safetensors' header names
+    assert f({"bfloat16", "float32"}, DType.float32, CPU) == DType.float32  # mixed: widened
+    assert f({"float16"}, DType.float32, CPU) == DType.float32
+    assert f({"bfloat16"}, DType.float32, WIDEN_AT_LOAD) == DType.float32
+    assert f({"bfloat16"}, DType.float32, CPU, mesh=object()) == DType.float32  # XLA's products on a mesh
+    assert f({"float32"}, DType.bfloat16, CPU) == DType.bfloat16
+    assert f({"bfloat16"}, DType.float32, "gpu") == DType.float32
+
+
+def test_a_float32_model_keeps_a_bfloat16_checkpoints_weights_and_its_logits(tmp_path):
+    """``load_model`` of a bfloat16 directory in float32: the weights stay the file's bfloat16 values
+    (half the bytes of the model widened at load), the memory plan counts them so, the activations
+    and KV cache are float32, and the logits and greedy tokens are those of the model widened at
+    load (float32 arithmetic both: the sums' order differs)."""
+    low = {k: v.astype(ml_dtypes.bfloat16) for k, v in L.hf_tensors().items()}
+    d = L.write_hf_dir(tmp_path / "bf16", L.hf_config(), low)
+    kept, widened = load_model(d), load_model(d, policy=WIDEN_AT_LOAD)
+    leaves = jax.tree.leaves(kept.state)
+    assert {x.dtype for x in leaves} == {np.dtype(ml_dtypes.bfloat16)}
+    assert {x.dtype for x in jax.tree.leaves(widened.state)} == {np.dtype(np.float32)}
+    assert 2 * sum(x.nbytes for x in leaves) == sum(x.nbytes for x in jax.tree.leaves(widened.state))
+    np.testing.assert_array_equal(
+        np.asarray(kept.module.state_dict()["layers.1.mlp.up_proj.weight"]), low["model.layers.1.mlp.up_proj.weight"]
+    )
+    plan, plan32 = memory_plan(d), memory_plan(d, policy=WIDEN_AT_LOAD)
+    assert 2 * plan["weights"] == plan32["weights"] and plan["kv_cache"] == plan32["kv_cache"]
+    k, v = kept.new_cache(1, 16)
+    assert k.dtype == v.dtype == np.float32
+    tokens = np.array([[3, 9, 4, 17, 2, 30, 41]], np.int32)
+    a = kept.prefill(tokens, [7], *kept.new_cache(1, 16))
+    b = widened.prefill(tokens, [7], *widened.new_cache(1, 16))
+    _close(a[1], b[1])
+    step_a = kept.decode_step(a[0], np.array([7], np.int32), a[2], a[3])[1]
+    step_b = widened.decode_step(b[0], np.array([7], np.int32), b[2], b[3])[1]
+    _close(step_a, step_b)
+    assert kept.generate(["hello"], 8)[0].token_ids == widened.generate(["hello"], 8)[0].token_ids
