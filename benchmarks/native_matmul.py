@@ -9,7 +9,14 @@ figure: GB/s of weight bytes read. Records the CPU's vector features and the loa
 Writes ``benchmarks/results/native_matmul.json``, ``.txt`` and ``.png`` (``--out`` names another
 stem).
 
+``--bfloat16``: bfloat16 weights of the same shapes times float32 activations (a float32 model of
+a bfloat16 checkpoint): the policy's product (maxjax's kernel for up to ``native_matmul_max_rows``
+rows, widened blocks in XLA's GEMM beyond) against XLA's product of the weight converted in the
+program, and against the float32 weight widened at load (what such a model held before
+``keep_bfloat16_weights``). Writes ``bfloat16_matmul.*``.
+
     python benchmarks/native_matmul.py [--rounds 5] [--calls 20] [--rows 1,2,4,8,16,32]
+    python benchmarks/native_matmul.py --bfloat16 [--rows 1,4,16,32,128]
 """
 
 from __future__ import annotations
@@ -44,8 +51,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--rows", default="1,2,4,8,16,32")
-    ap.add_argument("--out", default="native_matmul")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--bfloat16", action="store_true", help="bfloat16 weights, float32 activations (see the docstring)")
     args = ap.parse_args()
+    if args.bfloat16:
+        bfloat16_main(args)
+        return
+    args.out = args.out or "native_matmul"
 
     import gguf
     import jax
@@ -127,6 +139,79 @@ def main() -> None:
     fig.suptitle(f"maxjax CPU kernel vs XLA ({', '.join(f for f in record['cpu']['vector_features'] if f.startswith('avx512') or f == 'avx2')[:80]})", fontsize=8)
     fig.tight_layout()
     fig.savefig(RESULTS / f"{args.out}.png", dpi=100)
+
+
+def bfloat16_main(args: argparse.Namespace) -> None:
+    """The ``--bfloat16`` table: three ways to multiply float32 rows by a bfloat16 checkpoint's weight."""
+    import jax
+    import jax.numpy as jnp
+    import ml_dtypes
+    import numpy as np
+
+    from maxjax.backend import cpu_vector_features, kernels, policy_for
+
+    assert kernels.available(), kernels.unavailable_reason()
+    cpu = policy_for("cpu")
+    xla = dataclasses.replace(cpu, native_matmul_max_rows=0)
+    rows_list = [int(r) for r in (args.rows if args.rows != "1,2,4,8,16,32" else "1,4,16,32,128").split(",")]
+    rng = np.random.default_rng(0)
+    ways = {  # name -> (weight as held, product)
+        "float32 weight": (lambda w: w.astype(jnp.float32), jax.jit(lambda x, w: cpu.matmul_t(x, w, stored=True))),
+        "XLA widens": (lambda w: w, jax.jit(lambda x, w: xla.matmul_t(x, w, stored=True))),
+        "policy (kernel)": (lambda w: w, jax.jit(lambda x, w: cpu.matmul_t(x, w, stored=True))),
+    }
+    rows_out = []
+    for name, n, k in SHAPES:
+        w16 = jnp.asarray((rng.standard_normal((n, k)) * 0.02).astype(ml_dtypes.bfloat16))
+        held = {way: jax.block_until_ready(hold(w16)) for way, (hold, _) in ways.items()}
+        for m in rows_list:
+            if name == "head" and m > 4:
+                continue
+            x = jnp.asarray(rng.standard_normal((m, k)).astype(np.float32))
+            times: dict[str, list[float]] = {way: [] for way in ways}
+            for way, (_, f) in ways.items():
+                f(x, held[way]).block_until_ready()
+            for _ in range(args.rounds):
+                for way, (_, f) in ways.items():
+                    times[way].append(_time(f, x, held[way], args.calls))
+            med = {way: statistics.median(t) for way, t in times.items()}
+            row = {"matrix": name, "shape": [n, k], "rows": m, "ms": {w: t * 1e3 for w, t in med.items()},
+                   "gb_s": {w: held[w].nbytes / t / 1e9 for w, t in med.items()},
+                   "speedup_vs_float32": med["float32 weight"] / med["policy (kernel)"]}  # fmt: skip
+            rows_out.append(row)
+            print(
+                f"{name:9} [{n:6},{k:5}] rows {m:3}: " + "  ".join(f"{w} {t * 1e3:8.3f} ms ({row['gb_s'][w]:5.1f} GB/s)" for w, t in med.items())
+                + f"  kernel/float32 {row['speedup_vs_float32']:.2f}x",
+                flush=True,
+            )
+    record = {"cpu": cpu_vector_features(), "cores": os.cpu_count(), "load_average": os.getloadavg(), "rows": rows_out}
+    out = args.out or "bfloat16_matmul"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{out}.json").write_text(json.dumps(record, indent=1))
+    lines = [
+        f"{r['matrix']} {r['shape']} rows={r['rows']}: " + ", ".join(f"{w} {t:.3f} ms" for w, t in r["ms"].items())
+        + f"; policy {r['speedup_vs_float32']:.2f}x the float32 weight"
+        for r in rows_out
+    ]  # fmt: skip
+    (RESULTS / f"{out}.txt").write_text("\n".join([json.dumps(record["cpu"]), *lines]) + "\n")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, _, _ in SHAPES:
+        pts = [(r["rows"], r["speedup_vs_float32"]) for r in rows_out if r["matrix"] == name]
+        ax.plot(*zip(*pts), marker="o", label=name)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("activation rows")
+    ax.set_ylabel("float32 weight time / bfloat16 policy time")
+    ax.legend()
+    fig.suptitle(f"bfloat16 weights, float32 arithmetic ({', '.join(f for f in record['cpu']['vector_features'] if f.startswith('avx512') or f == 'avx2')[:80]})", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{out}.png", dpi=100)
 
 
 if __name__ == "__main__":

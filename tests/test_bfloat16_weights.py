@@ -170,3 +170,25 @@ def test_a_float32_model_keeps_a_bfloat16_checkpoints_weights_and_its_logits(tmp
     step_b = widened.decode_step(b[0], np.array([7], np.int32), b[2], b[3])[1]
     _close(step_a, step_b)
     assert kept.generate(["hello"], 8)[0].token_ids == widened.generate(["hello"], 8)[0].token_ids
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_bfloat16_activations_take_the_kernel_with_the_same_arithmetic(m):
+    """A bfloat16 model's one-row products (``--dtype bfloat16`` decode): ``x`` widened exactly into
+    the kernel, whose products of two bfloat16 values are exact in float32 as in XLA's bfloat16
+    dot with float32 sums; the result rounded to bfloat16. Gradients are the XLA recipe's."""
+    x = jnp.asarray(RNG.standard_normal((m, 256)).astype(ml_dtypes.bfloat16))
+    w = _bf16(96, 256)
+    fn = jax.jit(lambda x, w: CPU.matmul_t(x, w, stored=True))
+    ref = jax.jit(lambda x, w: NO_KERNEL.matmul_t(x, w, stored=True))
+    assert "maxjax_bfloat16_matmul" in fn.lower(x, w).as_text()
+    assert "maxjax_bfloat16_matmul" not in ref.lower(x, w).as_text()
+    got, want = fn(x, w), ref(x, w)
+    assert got.dtype == want.dtype == jnp.bfloat16
+    exact = _reference(x, w)
+    np.testing.assert_allclose(np.asarray(got, np.float64), exact, rtol=2 ** -7, atol=2 ** -7 * float(np.abs(exact).max()))
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2 ** -7, atol=1e-3)
+    g = jnp.asarray(RNG.standard_normal((m, 96)).astype(ml_dtypes.bfloat16))
+    grads = [jax.grad(lambda x, w, f=f: jnp.sum((f(x, w) * g).astype(jnp.float32)), argnums=(0, 1))(x, w) for f in (fn, ref)]
+    for a, b in zip(*grads):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
