@@ -20,6 +20,7 @@ recorded beside the figures. Prints a table, writes ``benchmarks/results/scale.j
 
     python benchmarks/scale.py [--sizes 1b,3b,8b] [--types q4_0,q8_0] [--llama-python /work/llamavenv/bin/python]
                                [--also-arithmetic q8_0] [--also-layout nibbles] [--llama-extra-bufts]
+                               [--safetensors 1b [--also-widen-bfloat16]]
 """
 
 from __future__ import annotations
@@ -61,7 +62,14 @@ def worker_maxjax(req: dict) -> dict:
     from maxjax.models import load_model
 
     t0 = time.perf_counter()
-    lm = load_model(req["model"], quantized_layout=req.get("quantized_layout"), arithmetic=req.get("arithmetic", "auto"))
+    policy = None
+    if "keep_bfloat16_weights" in req:  # a float32 model of a bfloat16 directory: keep or widen its weights
+        import dataclasses
+
+        from maxjax.backend import policy_for
+
+        policy = dataclasses.replace(policy_for("cpu"), keep_bfloat16_weights=req["keep_bfloat16_weights"])
+    lm = load_model(req["model"], quantized_layout=req.get("quantized_layout"), arithmetic=req.get("arithmetic", "auto"), policy=policy)
     out = {"engine": "maxjax", "load_s": time.perf_counter() - t0, "rss_after_load": _status("VmRSS")}
     ids = lm.tokenizer.encode(PROMPT)[:128]
     text = lm.tokenizer.decode(ids)
@@ -214,6 +222,9 @@ def main() -> None:
                     "layout GGUF Q4_0 took before the policy mapped it), reported as engine 'maxjax[LAYOUT]'")
     ap.add_argument("--also-arithmetic", default="", help="also run maxjax with this arithmetic (e.g. float32: no Q8_0 "
                     "activations), reported as engine 'maxjax[ARITHMETIC]'")
+    ap.add_argument("--also-widen-bfloat16", action="store_true", help="for the --safetensors directories, also run maxjax "
+                    "with the bfloat16 weights widened to float32 at load (keep_bfloat16_weights off), as 'maxjax[widened]'")
+    ap.add_argument("--out", default="scale", help="stem of the results' .json and .png (default scale)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -258,6 +269,9 @@ def main() -> None:
             also_req = {"quantized_layout": a.also_layout or None, "arithmetic": a.also_arithmetic or "auto"}
         if also and not os.path.isdir(path):
             row[also] = run([sys.executable], {"engine": "maxjax", "model": path, "steps": a.steps, **also_req}, a.timeout)
+        if a.also_widen_bfloat16 and os.path.isdir(path):
+            also = "maxjax[widened]"
+            row[also] = run([sys.executable], {"engine": "maxjax", "model": path, "steps": a.steps, "keep_bfloat16_weights": False}, a.timeout)
         rows.append(row)
         engines = [k for k in row if _is_maxjax(k) or k == "llama.cpp"]
         print(json.dumps({k: v for k, v in row.items() if k not in engines}), flush=True)
@@ -271,6 +285,10 @@ def main() -> None:
             print(f"  {eng:16s} load {r['load_s']:6.2f} s  RSS load {r['rss_after_load'] / 1e6:7.0f} MB  peak {r['peak_rss'] / 1e6:7.0f} MB"
                   f"  TTFT {r['ttft_s'] * 1e3:7.0f} ms  decode {r['decode_tok_s']:6.2f} tok/s"
                   + (f"  compile {r['compile_s']:.1f} s ({r['quantized_layout']})" if eng.startswith("maxjax") else ""))  # fmt: skip
+        wide = row.get("maxjax[widened]")
+        if wide and "error" not in wide and "error" not in mj:
+            row["ratios_widened"] = _ratios(mj, wide)
+            print("  maxjax/maxjax[widened]: " + ", ".join(f"{k} {v:.2f}x" for k, v in row["ratios_widened"].items()))
         if "llama.cpp" in row and "error" not in row["llama.cpp"] and "error" not in mj:
             l = row["llama.cpp"]
             row["ratios"] = _ratios(mj, l)
@@ -283,9 +301,9 @@ def main() -> None:
     out = {"machine": platform.platform(), "cpu_vector_features": features, "cores": cores,
            "read_bandwidth_1thread_gb_s": bw, "read_bandwidth_all_threads_gb_s": bw_all, "steps": a.steps, "rows": rows,
            "load_average": os.getloadavg()}  # fmt: skip
-    (RESULTS / "scale.json").write_text(json.dumps(out, indent=1, default=str))
-    plot(rows, features, RESULTS / "scale.png")
-    print(f"saved {RESULTS / 'scale.json'} and scale.png")
+    (RESULTS / f"{a.out}.json").write_text(json.dumps(out, indent=1, default=str))
+    plot(rows, features, RESULTS / f"{a.out}.png")
+    print(f"saved {RESULTS / a.out}.json and .png")
 
 
 def plot(rows: list[dict], features: dict, path: pathlib.Path) -> None:

@@ -179,9 +179,15 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   Llama-3.2-1B whole, Llama-3.1-8B's MLP weights in 4 blocks, a large vocabulary's head in more). A 128-token prompt of a Llama-3.2-1B-shaped
   model, against 256-row blocks: first time to first token 2.70 -> 2.00 s (less to compile),
   warm prefill 0.96 -> 0.85 s). 2-core
-  Zen 5 EPYC, 8 float32 ``[8192, 2048]`` products (``benchmarks/native_matmul.py --bfloat16``):
-  FIGURES. CPU where the kernels build: True; others: False (the weights are widened at
-  load; unmeasured).
+  Zen 5 EPYC (``benchmarks/results/bfloat16_matmul_zen5_avx512.txt``, against the float32
+  weight widened at load): one row 2.2x (``[2048, 2048]``), 2.1x (``[8192, 2048]``), 1.5x
+  (``[2048, 8192]``), 1.7x (the ``[128256, 2048]`` head); 4 rows 2.7-3.5x; 32 rows 0.99-1.06x;
+  128 rows, widened whole: 0.40-0.91x (XLA converting the weight in the program instead: 1.4 to
+  12x slower than the float32 weight). A Llama-3.2-1B-shaped bfloat16 directory
+  (``benchmarks/results/scale_bf16_zen5_avx512.json``): decode 8.3 -> 20.4 tokens/s, peak RSS
+  5390 -> 2917 MB, load 3.45 -> 1.46 s, warm time to first token of a 128-token prompt 771 ->
+  922 ms, the same greedy tokens. CPU where the kernels build: True; others: False (the
+  weights are widened at load; unmeasured).
 - ``bfloat16_matmul``: whether the platform multiplies bfloat16 natively, so that
   ``Trainer(compute_dtype="bfloat16")`` is worth running. GPU and TPU: True; CPU: True only with
   bfloat16 dot instructions (``avx512_bf16`` or ``amx_bf16`` in ``/proc/cpuinfo``), since XLA:CPU
