@@ -192,3 +192,40 @@ def test_bfloat16_activations_take_the_kernel_with_the_same_arithmetic(m):
     grads = [jax.grad(lambda x, w, f=f: jnp.sum((f(x, w) * g).astype(jnp.float32)), argnums=(0, 1))(x, w) for f in (fn, ref)]
     for a, b in zip(*grads):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def test_float32_training_of_kept_bfloat16_weights(tmp_path):
+    """A float32 Trainer of a model that kept a bfloat16 checkpoint's weights: full fine-tuning trains
+    float32 masters (the losses of the model widened at load), and LoRA keeps the frozen weights
+    bfloat16 (multiplied in float32) with the widened model's losses."""
+    import optax
+
+    from maxjax import train
+
+    low = {k: v.astype(ml_dtypes.bfloat16) for k, v in L.hf_tensors().items()}
+    d = L.write_hf_dir(tmp_path / "bf16", L.hf_config(), low)
+    tokens = np.random.default_rng(0).integers(0, L.VOCAB, (2, 16)).astype(np.int32)
+
+    def losses(module, trainable=None):
+        t = train.Trainer(module, optax.adam(1e-3), trainable=trainable)
+        st, out = t.init(), []
+        for _ in range(3):
+            st, m = t.step(st, tokens)
+            out.append(float(m["loss"]))
+        return st, out
+
+    kept, widened = load_model(d).module, load_model(d, policy=WIDEN_AT_LOAD).module
+    st, got = losses(kept)
+    assert {v.dtype for v in st.params.values()} == {np.dtype(np.float32)}
+    np.testing.assert_allclose(got, losses(widened)[1], rtol=1e-4)
+    assert got[-1] < got[0]
+
+    def lora(module):
+        train.apply_lora(module, ["q_proj", "v_proj"], rank=4, alpha=8.0, key=jax.random.key(0))
+        return module
+
+    kept, widened = lora(load_model(d).module), lora(load_model(d, policy=WIDEN_AT_LOAD).module)
+    assert kept.layers[0].mlp.up_proj.weight.dtype == DType.bfloat16
+    st, got = losses(kept, "*lora_*")
+    assert {v.dtype for v in st.params.values()} == {np.dtype(np.float32)}
+    np.testing.assert_allclose(got, losses(widened, "*lora_*")[1], rtol=1e-4)

@@ -206,7 +206,10 @@ def apply_lora(
             ``target_modules=["q_proj", "v_proj"]``).
         rank, alpha: see :class:`LoRALinear`.
         key: ``jax.random`` key for the A matrices (each from ``fold_in(key, crc32(path))``).
-        dtype: the adapters' dtype (default: see :class:`LoRALinear`).
+        dtype: the adapters' dtype (default: the module's activation dtype, its ``dtype``
+            attribute where it has a float one, as ``LlamaForCausalLM``: a float32 model that
+            kept a bfloat16 checkpoint's weights gets float32 adapters; else see
+            :class:`LoRALinear`).
 
     Returns:
         The adapted paths, in module order.
@@ -241,6 +244,8 @@ def apply_lora(
     if not alpha > 0:
         raise ValueError(f"LoRA alpha must be positive, got {alpha!r}")
     paths = dict(module.named_modules())
+    if dtype is None and isinstance(getattr(module, "dtype", None), DType) and module.dtype.is_float():
+        dtype = module.dtype
     for path, lin in chosen:
         parent_path, _, attr = path.rpartition(".")
         parent = paths[parent_path + "." if parent_path else ""]

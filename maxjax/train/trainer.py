@@ -117,6 +117,17 @@ def next_token_loss(logits: jax.Array, tokens: jax.Array, mask: jax.Array | None
 _LAYER_PREFIX = re.compile(r"^(.*?)(\d+)\.$")
 
 
+def _low_precision_trainables(raw: Mapping[str, Any], trainable: Any) -> list[str]:
+    """The trainable weights (all where ``trainable`` is None) of ``raw`` (fully-qualified name ->
+    Weight) stored in bfloat16 or float16, such as those of a bfloat16 Hugging Face checkpoint
+    loaded for float32 inference (``keep_bfloat16_weights``): a float32 Trainer trains a float32
+    copy of the module then, so that their updates are not rounded to bfloat16."""
+    names = list(raw)
+    chosen = names if trainable is None else select(names, trainable)
+    low = (DType.bfloat16, DType.float16)
+    return [n for n in chosen if raw[n].dtype in low and raw[n].quantization_encoding is None]
+
+
 def _chain_template(prefixes: list[str], c: int) -> str:
     """``"layers.*."`` for prefixes ``layers.0. .. layers.N.``; ``"chain{c}[...]."`` otherwise."""
     parts = [_LAYER_PREFIX.match(p) for p in prefixes]
@@ -144,7 +155,13 @@ class Trainer:
         policy: a :class:`~maxjax.backend.BackendPolicy` (None: the default backend's).
         compute_dtype: ``"float32"`` (default) or ``"bfloat16"``: the dtype of activations and
             matmul operands (see the module docstring); master weights and optimizer state are
-            float32 either way. ``"bfloat16"`` needs a policy with ``bfloat16_matmul``.
+            float32 either way. ``"bfloat16"`` needs a policy with ``bfloat16_matmul``. A
+            float32 Trainer of a model whose activations are float32 (its ``dtype`` attribute)
+            and whose trainable weights include bfloat16 or float16 ones (a bfloat16 Hugging
+            Face checkpoint loaded for inference keeps its weights bfloat16 on the CPU) trains a
+            float32 copy of the module (:func:`~maxjax.train.trainable.dequantized`); frozen
+            bfloat16 weights alone (LoRA) stay bfloat16, multiplied in float32. A bfloat16
+            model (``dequantized(module, "bfloat16")``) trains bfloat16 weights as they are.
 
     Raises:
         ValueError: a trainable pattern that matches no weight; a quantized weight selected as
@@ -200,7 +217,11 @@ class Trainer:
         self.data_axis = data_axis
         if mesh is not None and data_axis not in mesh.axis_names:
             raise ValueError(f"the mesh has axes {tuple(mesh.axis_names)}, not the data axis {data_axis!r}")
-        module.raw_state_dict()  # every weight by its fully-qualified name before tracing
+        raw = module.raw_state_dict()  # every weight by its fully-qualified name before tracing
+        if compute_dtype == "float32" and getattr(module, "dtype", None) == DType.float32 and _low_precision_trainables(raw, trainable):
+            from maxjax.train.trainable import dequantized
+
+            module = dequantized(module, DType.float32)  # float32 masters and products, as float32 training means
         master = None
         #: bfloat16 steps in the policy's autocast recipe (``bfloat16_autocast``): float32 activations,
         #: bfloat16 operands of the stored-weight products
