@@ -13,7 +13,7 @@ stem).
 a bfloat16 checkpoint): the policy's product (maxjax's kernel for up to ``native_matmul_max_rows``
 rows, widened blocks in XLA's GEMM beyond) against XLA's product of the weight converted in the
 program, and against the float32 weight widened at load (what such a model held before
-``keep_bfloat16_weights``). Writes ``bfloat16_matmul.*``.
+``keep_16bit_weights``). Writes ``bfloat16_matmul.*``.
 
     python benchmarks/native_matmul.py [--rounds 5] [--calls 20] [--rows 1,2,4,8,16,32]
     python benchmarks/native_matmul.py --bfloat16 [--rows 1,4,16,32,128]

@@ -63,12 +63,12 @@ def worker_maxjax(req: dict) -> dict:
 
     t0 = time.perf_counter()
     policy = None
-    if "keep_bfloat16_weights" in req:  # a float32 model of a bfloat16 directory: keep or widen its weights
+    if "keep_16bit_weights" in req:  # a float32 model of a bfloat16 directory: keep or widen its weights
         import dataclasses
 
         from maxjax.backend import policy_for
 
-        policy = dataclasses.replace(policy_for("cpu"), keep_bfloat16_weights=req["keep_bfloat16_weights"])
+        policy = dataclasses.replace(policy_for("cpu"), keep_16bit_weights=req["keep_16bit_weights"])
     lm = load_model(req["model"], quantized_layout=req.get("quantized_layout"), arithmetic=req.get("arithmetic", "auto"), policy=policy)
     out = {"engine": "maxjax", "load_s": time.perf_counter() - t0, "rss_after_load": _status("VmRSS")}
     ids = lm.tokenizer.encode(PROMPT)[:128]
@@ -223,7 +223,7 @@ def main() -> None:
     ap.add_argument("--also-arithmetic", default="", help="also run maxjax with this arithmetic (e.g. float32: no Q8_0 "
                     "activations), reported as engine 'maxjax[ARITHMETIC]'")
     ap.add_argument("--also-widen-bfloat16", action="store_true", help="for the --safetensors directories, also run maxjax "
-                    "with the bfloat16 weights widened to float32 at load (keep_bfloat16_weights off), as 'maxjax[widened]'")
+                    "with the bfloat16 weights widened to float32 at load (keep_16bit_weights off), as 'maxjax[widened]'")
     ap.add_argument("--out", default="scale", help="stem of the results' .json and .png (default scale)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -271,7 +271,7 @@ def main() -> None:
             row[also] = run([sys.executable], {"engine": "maxjax", "model": path, "steps": a.steps, **also_req}, a.timeout)
         if a.also_widen_bfloat16 and os.path.isdir(path):
             also = "maxjax[widened]"
-            row[also] = run([sys.executable], {"engine": "maxjax", "model": path, "steps": a.steps, "keep_bfloat16_weights": False}, a.timeout)
+            row[also] = run([sys.executable], {"engine": "maxjax", "model": path, "steps": a.steps, "keep_16bit_weights": False}, a.timeout)
         rows.append(row)
         engines = [k for k in row if _is_maxjax(k) or k == "llama.cpp"]
         print(json.dumps({k: v for k, v in row.items() if k not in engines}), flush=True)

@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="the file (gguf) or directory (safetensors); default: in --cache")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"cache directory (default {DEFAULT_CACHE}; $MAXJAX_SYNTHETIC_DIR)")
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
-                    help="safetensors dtype (bfloat16 as published; maxjax loads it as float32 unless loaded in bfloat16)")
+                    help="safetensors dtype (bfloat16 as published; a float32 model keeps bfloat16 weights on CPUs where maxjax's kernel runs, else widens them)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rope-freqs", action="store_true", help="write Llama 3's rope_freqs.weight (maxjax refuses it for now)")
     ap.add_argument("--force", action="store_true", help="write even if the file exists")

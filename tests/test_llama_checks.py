@@ -274,7 +274,7 @@ def test_the_synthetic_model_round_trips_its_config(tmp_path):
 def test_low_precision_hugging_face_weights_widen_on_read_to_the_same_model(tmp_path, dtype):
     """A bfloat16/float16 checkpoint loads as float32 (each tensor converted in its one copy out of
     the map): the same logits, bit for bit, as a float32 checkpoint of the same rounded values.
-    (A bfloat16 one keeps its weights where the policy's ``keep_bfloat16_weights`` holds, the
+    (A bfloat16 one keeps its weights where the policy's ``keep_16bit_weights`` holds, the
     CPU's default: tests/test_bfloat16_weights.py; this is the policy that widens at load.)"""
     import dataclasses
 
@@ -285,7 +285,7 @@ def test_low_precision_hugging_face_weights_widen_on_read_to_the_same_model(tmp_
     from maxjax.graph.weights.lazy import LazyTensor
     from maxjax.models import checkpoint
 
-    widen = dataclasses.replace(policy_for("cpu"), keep_bfloat16_weights=False)
+    widen = dataclasses.replace(policy_for("cpu"), keep_16bit_weights=False)
     low = {k: v.astype(getattr(ml_dtypes, dtype) if dtype == "bfloat16" else np.float16) for k, v in L.hf_tensors().items()}
     narrow = _hf(tmp_path, tensors=low, name="narrow")
     wide = _hf(tmp_path, tensors={k: v.astype(np.float32) for k, v in low.items()}, name="wide")
@@ -316,7 +316,7 @@ def test_a_bfloat16_checkpoint_loaded_in_bfloat16_keeps_its_weights(tmp_path, mo
     low = {k: v.astype(ml_dtypes.bfloat16) for k, v in L.hf_tensors().items()}
     narrow = _hf(tmp_path, tensors=low, name="narrow")
     wide = _hf(tmp_path, tensors={k: v.astype(np.float32) for k, v in low.items()}, name="wide")
-    a32 = load_model(narrow, policy=dataclasses.replace(policy_for("cpu"), keep_bfloat16_weights=False))  # widened at load
+    a32 = load_model(narrow, policy=dataclasses.replace(policy_for("cpu"), keep_16bit_weights=False))  # widened at load
     a = load_model(narrow, dtype=DType.bfloat16)
     b = load_model(wide, dtype=DType.bfloat16)
     leaves = jax.tree.leaves(a.state)

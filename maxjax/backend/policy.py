@@ -167,23 +167,25 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   XLA:CPU copies a stacked slice before each matmul: 8 float32 ``[2048, 8192]`` layers times one
   row took 193 ms stacked and 37.6 ms per layer (2-core AVX2 EPYC). CPU: ``"per_layer"``;
   others: ``"stacked"``. Training programs stack (``Trainer``).
-- ``keep_bfloat16_weights``: a float32 model loaded from a Hugging Face checkpoint whose float
-  tensors are all bfloat16 keeps its weights bfloat16, as in the file (half float32's bytes, one
-  copy out of the map), and each product widens them exactly (``matmul_t`` of float32 ``x`` and a
-  stored bfloat16 ``w``: float32 arithmetic, the same values as widening at load up to the order
-  of the sums; norms and the embedding are widened as they are used). On the CPU those products
-  run in maxjax's kernel (:func:`maxjax.backend.kernels.bfloat16_matmul`: 1 to
-  ``native_matmul_max_rows`` rows read the weight in place, widened in registers; more rows (a
-  prompt) multiply in XLA's GEMM against the weight widened by the kernel, whole, or in blocks of
-  rows where its float32 copy exceeds ``widened_block_bytes`` (64 MiB: every layer weight of
-  Llama-3.2-1B whole, Llama-3.1-8B's MLP weights in 4 blocks, a large vocabulary's head in more). A 128-token prompt of a Llama-3.2-1B-shaped
-  model, against 256-row blocks: first time to first token 2.70 -> 2.00 s (less to compile),
-  warm prefill 0.96 -> 0.85 s). 2-core
-  Zen 5 EPYC (``benchmarks/results/bfloat16_matmul_zen5_avx512.txt``, against the float32
-  weight widened at load): one row 2.2x (``[2048, 2048]``), 2.1x (``[8192, 2048]``), 1.5x
-  (``[2048, 8192]``), 1.7x (the ``[128256, 2048]`` head); 4 rows 2.7-3.5x; 32 rows 0.99-1.06x;
-  128 rows, widened whole: 0.40-0.91x (XLA converting the weight in the program instead: 1.4 to
-  12x slower than the float32 weight). A Llama-3.2-1B-shaped bfloat16 directory
+- ``keep_16bit_weights``: a float32 model of a checkpoint whose matrices are bfloat16 or float16 (a
+  Hugging Face directory whose float tensors are all of one of those; a GGUF's F16/BF16 tensors)
+  keeps those weights as in the file (half float32's bytes, one copy out of the map), and each
+  product widens them exactly (``matmul_t`` of float32 ``x`` and a stored 16-bit float ``w``:
+  every bfloat16 and float16 value is a float32 value, so the arithmetic is float32's, the same
+  values as widening at load up to the order of the sums; norms and the embedding are widened as
+  they are used). On the CPU those products run in maxjax's kernel
+  (:func:`maxjax.backend.kernels.widened_matmul`: 1 to ``native_matmul_max_rows`` rows read the
+  weight in place, widened in registers; more rows (a prompt) multiply in XLA's GEMM against the
+  weight widened by the kernel, whole, or in blocks of rows where its float32 copy exceeds
+  ``widened_block_bytes`` (64 MiB: every layer weight of Llama-3.2-1B whole, Llama-3.1-8B's MLP
+  weights in 4 blocks, a large vocabulary's head in more). A 128-token prompt of a
+  Llama-3.2-1B-shaped model, against 256-row blocks: first time to first token 2.70 -> 2.00 s
+  (less to compile), warm prefill 0.96 -> 0.85 s). 2-core Zen 5 EPYC, bfloat16
+  (``benchmarks/results/bfloat16_matmul_zen5_avx512.txt``, against the float32 weight widened at
+  load): one row 2.2x (``[2048, 2048]``), 2.1x (``[8192, 2048]``), 1.5x (``[2048, 8192]``), 1.7x
+  (the ``[128256, 2048]`` head); 4 rows 2.7-3.5x; 32 rows 0.99-1.06x; 128 rows, widened whole:
+  0.40-0.91x (XLA converting the weight in the program instead: 1.4 to 12x slower than the
+  float32 weight). A Llama-3.2-1B-shaped bfloat16 directory
   (``benchmarks/results/scale_bf16_zen5_avx512.json``): decode 8.3 -> 20.4 tokens/s, peak RSS
   5390 -> 2917 MB, load 3.45 -> 1.46 s, warm time to first token of a 128-token prompt 771 ->
   922 ms, the same greedy tokens. CPU where the kernels build: True; others: False (the
@@ -298,10 +300,10 @@ class BackendPolicy:
         encoder_rows: most rows in one compiled encoder pass (at least 1).
         layer_weights: ``"stacked"`` or ``"per_layer"``, how inference programs hold the float
             matrices of scanned layers.
-        keep_bfloat16_weights: a float32 model keeps a bfloat16 checkpoint's weights bfloat16 and
-            widens them in each product (see above).
-        widened_block_bytes: most float32 bytes of a bfloat16 weight widened at once for a
-            prompt's GEMM in maxjax's kernel (see ``keep_bfloat16_weights``).
+        keep_16bit_weights: a float32 model keeps a checkpoint's bfloat16 or float16 weights as
+            they are and widens them in each product (see above).
+        widened_block_bytes: most float32 bytes of a 16-bit float weight widened at once for a
+            prompt's GEMM in maxjax's kernel (see ``keep_16bit_weights``).
         bfloat16_matmul: the platform has native bfloat16 dots (bfloat16 training is allowed).
         bfloat16_float32_dots: bfloat16 stored-weight products ask for float32 results (see above).
         bfloat16_remat: bfloat16 training recomputes scanned layers unless told otherwise (see above).
@@ -340,7 +342,7 @@ class BackendPolicy:
     grouped_attention: str = "always"
     encoder_rows: int = 256
     layer_weights: str = "stacked"
-    keep_bfloat16_weights: bool = False
+    keep_16bit_weights: bool = False
     widened_block_bytes: int = 64 << 20
     bfloat16_matmul: bool = True
     bfloat16_float32_dots: bool = False
@@ -421,7 +423,7 @@ class BackendPolicy:
             if self.precision == lax.Precision.HIGH and self.platform == "cpu" and _amx_takes(x, w):
                 return _amx.matmul_t(x, w)
             if self.bfloat16_float32_dots and x.dtype == jnp.bfloat16:
-                return _bfloat16_matmul_t(self._bfloat16_kernel(w, math.prod(x.shape[:-1])), x, w)
+                return _bfloat16_matmul_t(self._widened_kernel(w, math.prod(x.shape[:-1])), x, w)
             return lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), precision=self.precision)
         rows = math.prod(x.shape[:-1])  # symbolic while a Graph is built with symbolic dimensions
         n = 0 if stored else self.weight_left_max_rows
@@ -437,40 +439,42 @@ class BackendPolicy:
         return self.autocast and getattr(w, "ndim", 0) == 2 and x.dtype == jnp.float32 and w.dtype == jnp.bfloat16
 
     def widens(self, x: Any, w: Any) -> bool:
-        """Whether ``x @ w.T`` of a stored weight is a float32 product of a bfloat16 weight widened
-        exactly (float32 ``x``, a 2-D bfloat16 ``w``, not :attr:`autocast`): the same values as
-        the weight converted to float32 first, without converting it in memory where the kernel
-        runs (see ``keep_bfloat16_weights``)."""
-        return not self.autocast and getattr(w, "ndim", 0) == 2 and x.dtype == jnp.float32 and w.dtype == jnp.bfloat16
+        """Whether ``x @ w.T`` of a stored weight is a float32 product of a 16-bit float weight
+        widened exactly (float32 ``x``, a 2-D bfloat16 or float16 ``w``, not :attr:`autocast`):
+        the same values as the weight converted to float32 first, without converting it in
+        memory where the kernel runs (see ``keep_16bit_weights``)."""
+        return (
+            not self.autocast and getattr(w, "ndim", 0) == 2 and x.dtype == jnp.float32 and w.dtype in (jnp.bfloat16, jnp.float16)
+        )
 
     def _widened_matmul_t(self, x: Any, w: Any) -> Any:
-        """``x [..., in]`` float32 ``@ w [out, in].T`` bfloat16 in float32 arithmetic. In maxjax's
-        CPU kernel where it runs (:func:`maxjax.backend.kernels.bfloat16_matmul`): 1 to
+        """``x [..., in]`` float32 ``@ w [out, in].T`` bfloat16 or float16 in float32 arithmetic.
+        In maxjax's CPU kernel where it runs (:func:`maxjax.backend.kernels.widened_matmul`): 1 to
         :attr:`native_matmul_max_rows` rows read the weight in place, more rows multiply in XLA's
         GEMM against blocks of :attr:`dequant_row_chunk` rows widened by the kernel. Elsewhere
         the weight is converted to float32 and contracted as stored."""
         from maxjax.backend import kernels
 
         lead = math.prod(x.shape[:-1])  # symbolic while a Graph is built with symbolic dimensions
-        if self._bfloat16_kernel(w, lead):
-            return kernels.bfloat16_matmul(x, w)
-        if self._bfloat16_kernel(w, 1) and isinstance(lead, (int, np.integer)) and lead > 0:  # more rows: a prompt
-            return kernels.bfloat16_matmul(x, w, widen_rows=self.widened_rows(int(w.shape[0]), int(w.shape[1])))
+        if self._widened_kernel(w, lead):
+            return kernels.widened_matmul(x, w)
+        if self._widened_kernel(w, 1) and isinstance(lead, (int, np.integer)) and lead > 0:  # more rows: a prompt
+            return kernels.widened_matmul(x, w, widen_rows=self.widened_rows(int(w.shape[0]), int(w.shape[1])))
         wide = w.astype(jnp.float32)  # exact
         return lax.dot_general(x, wide, (((x.ndim - 1,), (1,)), ((), ())), precision=self.precision)
 
-    def _bfloat16_kernel(self, w: Any, lead: Any) -> bool:
-        """Whether ``x @ w.T`` of a stored bfloat16 ``w`` with ``lead`` rows in ``x`` runs in
+    def _widened_kernel(self, w: Any, lead: Any) -> bool:
+        """Whether ``x @ w.T`` of a stored 16-bit float ``w`` with ``lead`` rows in ``x`` runs in
         maxjax's kernel product: 1 to :attr:`native_matmul_max_rows` rows, a weight the kernel
         takes, a kernel that builds here."""
         from maxjax.backend import kernels
 
         if not (isinstance(lead, (int, np.integer)) and 0 < lead <= self.native_matmul_max_rows):
             return False
-        return kernels.takes_bfloat16(w) and kernels.available()
+        return kernels.takes_widened(w) and kernels.available()
 
     def widened_rows(self, rows: int, cols: int) -> int:
-        """Rows of a bfloat16 weight ``[rows, cols]`` widened at once for a prompt's GEMM (see
+        """Rows of a 16-bit float weight ``[rows, cols]`` widened at once for a prompt's GEMM (see
         ``widened_block_bytes``): all of them where their float32 copy fits in the block, else
         the largest divisor of ``rows`` whose block fits (at least 1)."""
         most = max(1, self.widened_block_bytes // (4 * cols))
@@ -559,7 +563,7 @@ def _bfloat16_dot_t(kernel: bool, x: Any, w: Any) -> Any:
     if kernel:
         from maxjax.backend import kernels
 
-        return kernels.bfloat16_matmul(x.astype(jnp.float32), w).astype(x.dtype)
+        return kernels.widened_matmul(x.astype(jnp.float32), w).astype(x.dtype)
     return _float32_dot_t(x, w).astype(x.dtype)
 
 
@@ -633,7 +637,7 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
         grouped_attention="decode" if avx512 else "batched_decode",
         encoder_rows=32,
         layer_weights="per_layer",
-        keep_bfloat16_weights=kernel,
+        keep_16bit_weights=kernel,
         bfloat16_matmul=bool(flags & BFLOAT16_CPU_FLAGS),
         bfloat16_float32_dots=True,
         bfloat16_remat=True,

@@ -189,7 +189,9 @@ class CausalLM:
         mesh: Any = None,
         mesh_axes: tuple[str, str] = ("dp", "tp"),
     ) -> "CausalLM":
-        """Loads a GGUF of a registered architecture: weights (packed as in the file), config and tokenizer.
+        """Loads a GGUF of a registered architecture: weights (packed as in the file; F16/BF16
+        matrices kept as they are where the policy's ``keep_16bit_weights`` holds, else widened
+        to float32), config and tokenizer.
 
         Raises:
             ValueError: an unsupported architecture (naming it and the supported ones), or a file
@@ -206,7 +208,8 @@ class CausalLM:
         with ThreadPoolExecutor(1, thread_name_prefix="maxjax-tokenizer") as pool:
             building = pool.submit(Tokenizer.from_gguf, weights.reader)
             try:
-                module = checkpoint.build(arch, config, arch.weights_from_gguf(weights, config), dtype, quantized=True)
+                state = checkpoint.kept_16bit_weights(arch.weights_from_gguf(weights, config), policy, mesh)  # F16/BF16 matrices
+                module = checkpoint.build(arch, config, state, dtype, quantized=True)
                 lm = cls(module, config, None, dtype, progress, str(path), quantized_layout, policy, mesh, mesh_axes)
             except BaseException:
                 error = building.exception()  # waits for the tokenizer

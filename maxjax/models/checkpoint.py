@@ -15,30 +15,46 @@ from typing import Any
 from maxjax.dtype import DType
 from maxjax.models.registry import Architecture, for_gguf, for_hf_config, read_hf_config
 
-__all__ = ["float_weights_dtype", "module_from_gguf", "module_from_pretrained_dir", "open_gguf_checkpoint", "open_hf_checkpoint"]
+__all__ = ["float_weights_dtype", "kept_16bit_weights", "module_from_gguf", "module_from_pretrained_dir", "open_gguf_checkpoint", "open_hf_checkpoint"]
 
 
 def float_weights_dtype(stored: Any, dtype: DType, policy: Any = None, mesh: Any = None) -> DType:
     """The DType a Hugging Face checkpoint's float weights load in, for a model whose activations
     are ``dtype``: ``dtype``, except that a float32 model keeps a checkpoint whose float tensors
-    are all bfloat16 in bfloat16 where the backend policy's ``keep_bfloat16_weights`` holds and
-    it runs on one device (each product then widens the weights exactly: float32 arithmetic,
-    half the memory).
+    are all bfloat16 (or all float16) in that dtype where the backend policy's
+    ``keep_16bit_weights`` holds and it runs on one device (each product then widens the weights
+    exactly: float32 arithmetic, half the memory).
 
     Args:
         stored: the checkpoint's tensor dtypes (NumPy-style names, ``"bfloat16"``, ``"float32"``,
-            or safetensors' ``"BF16"``, ``"F32"``, ...).
+            or safetensors' ``"BF16"``, ``"F16"``, ...).
         dtype: the model's DType.
         policy: the backend policy, platform or device (None: JAX's default backend's).
         mesh: the mesh the model runs on, or None.
     """
     from maxjax.backend import policy_for
 
-    names = {str(s).lower() for s in stored}
-    bfloat16 = bool(names) and names <= {"bfloat16", "bf16"}
-    if dtype == DType.float32 and bfloat16 and mesh is None and policy_for(policy).keep_bfloat16_weights:
-        return DType.bfloat16
+    names = {_HALF_NAMES.get(str(s).lower(), str(s).lower()) for s in stored}
+    if dtype == DType.float32 and len(names) == 1 and mesh is None and policy_for(policy).keep_16bit_weights:
+        kept = {"bfloat16": DType.bfloat16, "float16": DType.float16}.get(names.pop())
+        if kept is not None:
+            return kept
     return dtype
+
+
+_HALF_NAMES = {"bf16": "bfloat16", "f16": "float16"}
+
+
+def kept_16bit_weights(state: dict[str, Any], policy: Any = None, mesh: Any = None) -> dict[str, Any]:
+    """A GGUF checkpoint's state with its bfloat16 and float16 tensors kept as they are where the
+    backend policy's ``keep_16bit_weights`` holds on one device, else widened to float32 (read
+    and converted in their one copy out of the map)."""
+    from maxjax.backend import policy_for
+    from maxjax.models.llama.checks import cast_float_weight
+
+    keep = mesh is None and policy_for(policy).keep_16bit_weights
+    half = (DType.bfloat16, DType.float16)
+    return {k: wd if keep or getattr(wd, "dtype", None) not in half else cast_float_weight(wd, DType.float32) for k, wd in state.items()}
 
 
 def open_gguf_checkpoint(path: str | os.PathLike[str], *, lazy: bool = False) -> tuple[Architecture, Any, Any]:
@@ -103,9 +119,13 @@ def build(arch: Architecture, config: Any, state: dict[str, Any], dtype: DType =
     GGUF's float tensors stay float32)."""
     if quantized:
         module = arch.build(config, dtype)
+        for name, weight in module.raw_state_dict().items():  # F16/BF16 matrices kept as in the file
+            kept = getattr(state.get(name), "dtype", None)
+            if kept in (DType.bfloat16, DType.float16) and weight.dtype == DType.float32:
+                weight.retype(None, kept, weight.shape)
     else:
-        kept = {wd.dtype for wd in state.values()} == {DType.bfloat16}  # see float_weights_dtype
-        module = arch.build(config, dtype, weights_dtype=DType.bfloat16 if kept else dtype)
+        kept = {wd.dtype for wd in state.values()}  # see float_weights_dtype
+        module = arch.build(config, dtype, weights_dtype=kept.pop() if kept in ({DType.bfloat16}, {DType.float16}) else dtype)
     module.load_state_dict(state, override_quantization_encoding=quantized, weight_alignment=1)
     return module
 

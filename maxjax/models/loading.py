@@ -111,9 +111,10 @@ def memory_plan(
     Face directory: ``config.json`` and the safetensors headers. Quantized GGUF tensors count in
     the run-time layout ``quantized_layout`` (None: the backend policy's, e.g. ``"unpacked"``
     int8 values on AVX2, about 1.9x the file's Q4_0 bytes, and the file's own bytes for the
-    encodings it reads in place, ``mapped_encodings``); float GGUF tensors as stored;
+    encodings it reads in place, ``mapped_encodings``); float GGUF tensors as stored (F16/BF16
+    widened to float32 where the policy does not keep them, ``keep_16bit_weights``);
     safetensors tensors in the dtype they load in (``dtype``: bfloat16 weights widened to float32
-    take twice their file, or kept bfloat16 where the policy's ``keep_bfloat16_weights`` holds,
+    take twice their file, or kept bfloat16 where the policy's ``keep_16bit_weights`` holds,
     :func:`~maxjax.models.checkpoint.float_weights_dtype`).
 
     Returns:
@@ -170,7 +171,7 @@ def memory_plan(
         mapped = set(policy_for(policy).mapped_encodings) if quantized_layout is None else set()
         for t in reader.tensors:
             own = "mapped" if getattr(t.tensor_type, "name", None) in mapped else layout  # read in place: the file's bytes
-            nbytes = _gguf_runtime_bytes(str(path), t, own, GGUF_PLAIN_DTYPES)
+            nbytes = _gguf_runtime_bytes(str(path), t, own, GGUF_PLAIN_DTYPES, policy_for(policy).keep_16bit_weights)
             weights += nbytes
         # the KV cache from the tensors themselves (metadata is checked later and may lie): one
         # key and one value row of attn_k's rows (KV heads x head size) per block present
@@ -186,8 +187,9 @@ def memory_plan(
 _RUNTIME_BYTES: dict[tuple[Any, ...], int] = {}  # (encoding, layout) -> bytes of 512 values
 
 
-def _gguf_runtime_bytes(source: str, t: Any, layout: str, plain: dict) -> int:
-    """Bytes of one GGUF tensor in memory at run time (its quantized layout, or float dtype)."""
+def _gguf_runtime_bytes(source: str, t: Any, layout: str, plain: dict, keep_16bit: bool = True) -> int:
+    """Bytes of one GGUF tensor in memory at run time (its quantized layout, or float dtype:
+    F16/BF16 as stored where ``keep_16bit``, the policy's ``keep_16bit_weights``, else float32)."""
     import math
 
     import jax
@@ -198,6 +200,8 @@ def _gguf_runtime_bytes(source: str, t: Any, layout: str, plain: dict) -> int:
     logical = tuple(int(d) for d in reversed(t.shape.tolist()))
     if t.tensor_type in plain:
         size = np.dtype(plain[t.tensor_type].to_numpy()).itemsize
+        if size == 2 and not keep_16bit:  # F16/BF16 matrices widened at load
+            size = 4
         return math.prod(logical) * size
     try:
         enc = QuantizationEncoding.from_gguf(t.tensor_type)

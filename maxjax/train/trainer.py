@@ -120,7 +120,7 @@ _LAYER_PREFIX = re.compile(r"^(.*?)(\d+)\.$")
 def _low_precision_trainables(raw: Mapping[str, Any], trainable: Any) -> list[str]:
     """The trainable weights (all where ``trainable`` is None) of ``raw`` (fully-qualified name ->
     Weight) stored in bfloat16 or float16, such as those of a bfloat16 Hugging Face checkpoint
-    loaded for float32 inference (``keep_bfloat16_weights``): a float32 Trainer trains a float32
+    loaded for float32 inference (``keep_16bit_weights``): a float32 Trainer trains a float32
     copy of the module then, so that their updates are not rounded to bfloat16."""
     names = list(raw)
     chosen = names if trainable is None else select(names, trainable)

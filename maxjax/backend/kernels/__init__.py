@@ -23,8 +23,8 @@ policy's products run in XLA as before, after one warning that names the reason.
 Layouts (those of :mod:`maxjax.graph.quantization`): ``nibbles`` (Q4_0, Q4_1, Q4_K),
 ``unpacked`` (one byte per value, groups of 16 or 32 values, float32 scales and offsets) and
 ``mapped`` (Q4_0 and Q8_0 blocks read in place from the mapped file, rows as stored). Besides
-those, a bfloat16 weight times float32 activations (:func:`bfloat16_matmul`): each value widened
-exactly in a register, the products and sums float32.
+those, a bfloat16 or float16 weight times float32 activations (:func:`widened_matmul`): each
+value widened exactly in a register, the products and sums float32.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ import numpy as np
 from maxjax.backend.cpu import cpu_features, native_isa
 
 __all__ = [
-    "available", "unavailable_reason", "supports", "quantized_matmul", "mapped_rows", "takes_bfloat16", "bfloat16_matmul", "bfloat16_rows", "library",
+    "available", "unavailable_reason", "supports", "quantized_matmul", "mapped_rows", "takes_widened", "widened_matmul", "widened_rows", "library",
     "library_path", "SOURCE", "SOURCES",
 ]  # fmt: skip
 
@@ -61,7 +61,7 @@ SOURCE = Path(__file__).with_name("matvec.cc")
 SOURCES = (SOURCE, Path(__file__).with_name("layouts.cc"), Path(__file__).with_name("amx.cc"))
 #: headers the sources include (part of the cached library's key)
 HEADERS = (Path(__file__).with_name("parallel.h"),)
-_TARGETS = ("maxjax_nibbles_matmul", "maxjax_unpacked_matmul", "maxjax_mapped_matmul", "maxjax_mapped_dequantize", "maxjax_bfloat16_matmul", "maxjax_bfloat16_rows")
+_TARGETS = ("maxjax_nibbles_matmul", "maxjax_unpacked_matmul", "maxjax_mapped_matmul", "maxjax_mapped_dequantize", "maxjax_widened_matmul", "maxjax_widened_rows")
 _MAPPED_KIND = {"Q4_0": 0, "Q8_0": 2}  # matvec.cc's Kind
 _LOCK = threading.Lock()  # one build and registration per process, whichever thread traces first
 
@@ -331,66 +331,92 @@ def _product_bwd(activations: str, res: Any, g: Any) -> tuple[Any, None, None]:
 _product.defvjp(_product_fwd, _product_bwd)
 
 
-def takes_bfloat16(w: Any) -> bool:
-    """Whether :func:`bfloat16_matmul` takes ``w``: a concrete-shaped bfloat16 ``[rows, cols]``
-    (or a stack ``[layers, rows, cols]``) with ``cols`` a multiple of 64."""
+#: 16-bit float weights the kernel widens exactly (every value of either is a float32 value)
+WIDENED_DTYPES = (jnp.bfloat16, jnp.float16)
+
+
+def takes_widened(w: Any) -> bool:
+    """Whether :func:`widened_matmul` takes ``w``: a concrete-shaped bfloat16 or float16 ``[rows,
+    cols]`` (or a stack ``[layers, rows, cols]``) with ``cols`` a multiple of 64."""
     shape = getattr(w, "shape", ())
-    if len(shape) not in (2, 3) or getattr(w, "dtype", None) != jnp.bfloat16:
+    if len(shape) not in (2, 3) or getattr(w, "dtype", None) not in WIDENED_DTYPES:
         return False
     return all(isinstance(d, (int, np.integer)) for d in shape) and shape[-1] % 64 == 0
 
 
-def bfloat16_matmul(x: Any, w: Any, layer: Any = None, *, widen_rows: int = 0) -> jax.Array:
-    """``x @ W.T`` for a bfloat16 weight, in float32 arithmetic: each weight value is widened
-    exactly (a bfloat16 is a float32's high half) and multiplied with ``x`` as it is, float32
-    sums; the same values as ``x @ w.astype(float32).T`` up to the order of the sums.
+def _check_widened(what: str, w: Any, layer: Any) -> None:
+    reason = _load()
+    if reason is not None:
+        raise RuntimeError(f"maxjax's CPU matmul kernels cannot run here: {reason}")
+    if not takes_widened(w):
+        raise ValueError(f"{what}: the weight must be bfloat16 or float16 [rows, cols] or [layers, rows, cols] with cols a multiple of 64, "
+                         f"got {getattr(w, 'dtype', None)}{list(getattr(w, 'shape', ()))}")  # fmt: skip
+    if (w.ndim == 3) != (layer is not None):
+        raise ValueError(f"{what}: a weight of shape {list(w.shape)} needs {'a layer index' if w.ndim == 3 else 'no layer index'}")
+
+
+def widened_matmul(x: Any, w: Any, layer: Any = None, *, widen_rows: int = 0) -> jax.Array:
+    """``x @ W.T`` for a bfloat16 or float16 weight, in float32 arithmetic: each weight value is
+    widened exactly (a bfloat16 is a float32's high half; every float16 is a float32 value) and
+    multiplied with ``x`` as it is, float32 sums; the same values as ``x @ w.astype(float32).T``
+    up to the order of the sums.
 
     Args:
         x: float32 ``[..., cols]``.
-        w: bfloat16 ``[rows, cols]``, or a stack ``[layers, rows, cols]`` (see :func:`takes_bfloat16`).
+        w: bfloat16 or float16 ``[rows, cols]``, or a stack ``[layers, rows, cols]`` (see
+            :func:`takes_widened`).
         layer: int32 scalar, the layer of a stacked ``w`` (clamped into range); None for a 2-D one.
         widen_rows: 0: the kernel's product, which reads the weight once, in place, widening it
             in registers (a few rows of ``x``: decode; half the bytes of a float32 weight's
             product). A divisor ``c`` of ``rows``: XLA's GEMM against the weight widened ``c``
-            rows at a time by :func:`bfloat16_rows` (many rows: a prompt).
+            rows at a time by :func:`widened_rows` (many rows: a prompt).
 
     Returns:
         float32 ``[..., rows]``. Differentiable in ``x`` and ``w`` (float32 cotangent products;
-        ``w``'s cotangent is rounded to bfloat16).
+        ``w``'s cotangent is rounded to its dtype).
 
     Raises:
-        ValueError: a weight :func:`takes_bfloat16` refuses, ``x`` not float32 or its features not
+        ValueError: a weight :func:`takes_widened` refuses, ``x`` not float32 or its features not
             ``cols``, a layer index for a 2-D weight or none for a stack, ``widen_rows`` not a
             divisor of ``rows``.
         RuntimeError: the kernels cannot run here (:func:`unavailable_reason` says why).
     """
-    reason = _load()
-    if reason is not None:
-        raise RuntimeError(f"maxjax's CPU matmul kernels cannot run here: {reason}")
-    if not takes_bfloat16(w):
-        raise ValueError(f"bfloat16_matmul: the weight must be bfloat16 [rows, cols] or [layers, rows, cols] with cols a multiple of 64, "
-                         f"got {getattr(w, 'dtype', None)}{list(getattr(w, 'shape', ()))}")  # fmt: skip
+    _check_widened("widened_matmul", w, layer)
     if np.dtype(x.dtype) != np.float32:
-        raise ValueError(f"bfloat16_matmul: x must be float32, got {np.dtype(x.dtype)}")
+        raise ValueError(f"widened_matmul: x must be float32, got {np.dtype(x.dtype)}")
     if x.shape[-1] != w.shape[-1]:
-        raise ValueError(f"bfloat16_matmul: x has {x.shape[-1]} features (shape {tuple(x.shape)}) but the weight has {w.shape[-1]} columns")
-    if (w.ndim == 3) != (layer is not None):
-        raise ValueError(f"bfloat16_matmul: a weight of shape {list(w.shape)} needs {'a layer index' if w.ndim == 3 else 'no layer index'}")
+        raise ValueError(f"widened_matmul: x has {x.shape[-1]} features (shape {tuple(x.shape)}) but the weight has {w.shape[-1]} columns")
     if widen_rows < 0 or (widen_rows and w.shape[-2] % widen_rows):
-        raise ValueError(f"bfloat16_matmul: widen_rows must be 0 or a divisor of the weight's {w.shape[-2]} rows, got {widen_rows}")
-    return _bfloat16_product(int(widen_rows), x, w, None if layer is None else _layer(layer))
+        raise ValueError(f"widened_matmul: widen_rows must be 0 or a divisor of the weight's {w.shape[-2]} rows, got {widen_rows}")
+    return _widened_product(int(widen_rows), x, w, None if layer is None else _layer(layer))
 
 
-def _bfloat16_forward(widen_rows: int, x: Any, w: Any, layer: Any) -> jax.Array:
+def widened_rows(w: Any, start: Any, count: int, layer: Any = None) -> jax.Array:
+    """Rows ``[start, start + count)`` (``start`` an int32 scalar) of a bfloat16 or float16 weight
+    (layer ``layer`` of a stack) widened to float32 ``[count, cols]``, exactly: for a prompt's
+    product, which widens the weight for XLA's GEMM (XLA:CPU's own ``convert`` of a whole
+    bfloat16 weight ran at about 1 G values/s, mostly in fresh pages).
+
+    Raises:
+        ValueError: a weight :func:`takes_widened` refuses, or a layer index for a 2-D weight or
+            none for a stack.
+        RuntimeError: the kernels cannot run here.
+    """
+    _check_widened("widened_rows", w, layer)
+    call = jax.ffi.ffi_call("maxjax_widened_rows", jax.ShapeDtypeStruct((count, w.shape[-1]), jnp.float32))
+    return call(w, _layer(layer), jnp.asarray(start, jnp.int32).reshape(()))
+
+
+def _widened_forward(widen_rows: int, x: Any, w: Any, layer: Any) -> jax.Array:
     lead, cols, rows = x.shape[:-1], x.shape[-1], w.shape[-2]
     flat = x.reshape(math.prod(lead), cols)  # [m, cols]
     if not widen_rows:
-        call = jax.ffi.ffi_call("maxjax_bfloat16_matmul", jax.ShapeDtypeStruct((flat.shape[0], rows), jnp.float32), vmap_method="sequential")
+        call = jax.ffi.ffi_call("maxjax_widened_matmul", jax.ShapeDtypeStruct((flat.shape[0], rows), jnp.float32), vmap_method="sequential")
         return call(flat, w, _layer(layer)).reshape(*lead, rows)  # [..., rows]
     c, hi = widen_rows, jax.lax.Precision.HIGHEST
 
     def block(i: Any) -> jax.Array:  # [m, c]
-        return jnp.matmul(flat, bfloat16_rows(w, i * c, c, layer).T, precision=hi)
+        return jnp.matmul(flat, widened_rows(w, i * c, c, layer).T, precision=hi)
 
     if c == rows:
         return block(jnp.int32(0)).reshape(*lead, rows)
@@ -399,15 +425,15 @@ def _bfloat16_forward(widen_rows: int, x: Any, w: Any, layer: Any) -> jax.Array:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _bfloat16_product(widen_rows: int, x: Any, w: Any, layer: Any) -> jax.Array:
-    return _bfloat16_forward(widen_rows, x, w, layer)
+def _widened_product(widen_rows: int, x: Any, w: Any, layer: Any) -> jax.Array:
+    return _widened_forward(widen_rows, x, w, layer)
 
 
-def _bfloat16_product_fwd(widen_rows: int, x: Any, w: Any, layer: Any) -> tuple[jax.Array, Any]:
-    return _bfloat16_forward(widen_rows, x, w, layer), (x, w, layer)
+def _widened_product_fwd(widen_rows: int, x: Any, w: Any, layer: Any) -> tuple[jax.Array, Any]:
+    return _widened_forward(widen_rows, x, w, layer), (x, w, layer)
 
 
-def _bfloat16_product_bwd(widen_rows: int, res: Any, g: Any) -> tuple[Any, Any, Any]:
+def _widened_product_bwd(widen_rows: int, res: Any, g: Any) -> tuple[Any, Any, Any]:
     x, w, layer = res  # g [..., rows]
     at = None if layer is None else jnp.clip(layer, 0, w.shape[0] - 1)
     wl = w if at is None else jax.lax.dynamic_index_in_dim(w, at, keepdims=False)  # [rows, cols]
@@ -417,27 +443,4 @@ def _bfloat16_product_bwd(widen_rows: int, res: Any, g: Any) -> tuple[Any, Any, 
     return dx, dw, None
 
 
-_bfloat16_product.defvjp(_bfloat16_product_fwd, _bfloat16_product_bwd)
-
-
-def bfloat16_rows(w: Any, start: Any, count: int, layer: Any = None) -> jax.Array:
-    """Rows ``[start, start + count)`` (``start`` an int32 scalar) of a bfloat16 weight (layer
-    ``layer`` of a stack) widened to float32 ``[count, cols]``, exactly: for a prompt's product,
-    which widens the weight a block of rows at a time for XLA's GEMM (XLA:CPU's own
-    ``convert`` of a whole weight ran at about 1 G values/s, mostly in fresh pages).
-
-    Raises:
-        ValueError: a weight :func:`takes_bfloat16` refuses, or a layer index for a 2-D weight or
-            none for a stack.
-        RuntimeError: the kernels cannot run here.
-    """
-    reason = _load()
-    if reason is not None:
-        raise RuntimeError(f"maxjax's CPU matmul kernels cannot run here: {reason}")
-    if not takes_bfloat16(w):
-        raise ValueError(f"bfloat16_rows: the weight must be bfloat16 [rows, cols] or [layers, rows, cols] with cols a multiple of 64, "
-                         f"got {getattr(w, 'dtype', None)}{list(getattr(w, 'shape', ()))}")  # fmt: skip
-    if (w.ndim == 3) != (layer is not None):
-        raise ValueError(f"bfloat16_rows: a weight of shape {list(w.shape)} needs {'a layer index' if w.ndim == 3 else 'no layer index'}")
-    call = jax.ffi.ffi_call("maxjax_bfloat16_rows", jax.ShapeDtypeStruct((count, w.shape[-1]), jnp.float32))
-    return call(w, _layer(layer), jnp.asarray(start, jnp.int32).reshape(()))
+_widened_product.defvjp(_widened_product_fwd, _widened_product_bwd)

@@ -1012,17 +1012,24 @@ ffi::Error MappedDequantize(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> file, ffi
 }
 
 
-// ---- bfloat16 weights, widened exactly -----------------------------------------------------------
-// A bfloat16 value is the high half of a float32: widening is a shift, and the product is the
-// float32 product of the weight's values (x is not rounded). 16 values from 32 bytes.
-inline V bf16x16(const uint16_t* p) {
+// ---- 16-bit float weights (bfloat16, float16), widened exactly ------------------------------------
+// Every bfloat16 and float16 value is a float32 value: widening is exact (a bfloat16 is a float32's
+// high half: a shift; float16 with F16C's vcvtph2ps), and the product is the float32 product of
+// the weight's values (x is not rounded). 16 values from 32 bytes.
+enum class Half { kBF16, kF16 };
+
+template <Half H>
+inline V widen16(const uint16_t* p) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-  const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return {_mm512_castsi512_ps(_mm512_slli_epi32(u, 16))};
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if (H == Half::kF16) return {_mm512_cvtph_ps(raw)};
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16))};
 #else
-  const __m256i a = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m256i b = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
-  return {_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))};
+  const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8));
+  if (H == Half::kF16) return {_mm256_cvtph_ps(a), _mm256_cvtph_ps(b)};
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(a), 16)),
+          _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16))};
 #endif
 }
 
@@ -1035,11 +1042,11 @@ constexpr int kRowsPerPass = MB >= 8 ? 2 : (MB >= 4 ? 4 : 1);
 template <int MB>
 constexpr int kChains = MB >= 4 ? 1 : (MB == 2 ? 2 : 4);
 
-// Rows [r, r + R) of a bfloat16 weight (row-major, `cols` values each) times activation rows
+// Rows [r, r + R) of a 16-bit weight (row-major, `cols` values each) times activation rows
 // [m0, m0 + MB). Each stream prefetches its own row kPrefetch bytes ahead, or where a row is
 // shorter than that, the same place R rows on (the row it reads in the next pass).
-template <int MB, int R>
-void bf16_pass(const uint16_t* w, const float* x, int64_t rows, int64_t cols, int64_t m0, int64_t r, float* out) {
+template <Half H, int MB, int R>
+void half_pass(const uint16_t* w, const float* x, int64_t rows, int64_t cols, int64_t m0, int64_t r, float* out) {
   constexpr int C = kChains<MB>;
   const uint16_t* v[R];
   for (int i = 0; i < R; ++i) v[i] = w + (r + i) * cols;
@@ -1054,7 +1061,7 @@ void bf16_pass(const uint16_t* w, const float* x, int64_t rows, int64_t cols, in
       V wv[R];
       for (int i = 0; i < R; ++i) {
         if ((kc & 31) == 0) prefetch(v[i] + kc + ahead);  // each 64-byte line once
-        wv[i] = bf16x16(v[i] + kc);
+        wv[i] = widen16<H>(v[i] + kc);
       }
       for (int j = 0; j < MB; ++j) {
         const V xv = vload(x + (m0 + j) * cols + kc);
@@ -1070,52 +1077,74 @@ void bf16_pass(const uint16_t* w, const float* x, int64_t rows, int64_t cols, in
     }
 }
 
-// Rows [r0, r1) of a bfloat16 weight times activation rows [m0, m0 + MB), R at a time, the rest
-// one by one (cols is a multiple of 64: checked).
-template <int MB>
-void bf16_rows(const uint16_t* w, const float* x, int64_t rows, int64_t cols, int64_t m0, int64_t r0, int64_t r1, float* out) {
+// Rows [r0, r1) of a 16-bit weight times activation rows [m0, m0 + MB), R at a time, the rest
+// one by one.
+template <Half H, int MB>
+void half_rows(const uint16_t* w, const float* x, int64_t rows, int64_t cols, int64_t m0, int64_t r0, int64_t r1, float* out) {
   constexpr int R = kRowsPerPass<MB>;
   int64_t r = r0;
-  for (; r + R <= r1; r += R) bf16_pass<MB, R>(w, x, rows, cols, m0, r, out);
-  for (; r < r1; ++r) bf16_pass<MB, 1>(w, x, rows, cols, m0, r, out);
+  for (; r + R <= r1; r += R) half_pass<H, MB, R>(w, x, rows, cols, m0, r, out);
+  for (; r < r1; ++r) half_pass<H, MB, 1>(w, x, rows, cols, m0, r, out);
 }
 
-ffi::Error Bfloat16Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer values, ffi::AnyBuffer layer,
-                          ffi::ResultBuffer<ffi::F32> out) {
-  const auto vd = values.dimensions();
-  const int64_t cols = x.dimensions().back(), m_rows = x.element_count() / cols;
-  if (values.element_type() != ffi::BF16 || vd.size() < 2)
-    return ffi::Error::InvalidArgument("bfloat16 matmul: the weight must be bfloat16 [layers?, rows, cols]");
-  const int64_t rows = vd[vd.size() - 2];
-  if (vd.back() != cols) return ffi::Error::InvalidArgument("bfloat16 matmul: x and the weight disagree on columns");
-  if (auto e = check_dims("bfloat16 matmul", cols, rows, out->dimensions().back(), 64); e.failure()) return e;
-  if (int64_t(out->element_count()) != m_rows * rows) return ffi::Error::InvalidArgument("bfloat16 matmul: the output's shape");
-  const int64_t l = layer_of(layer, vd);
-  const uint16_t* w = reinterpret_cast<const uint16_t*>(values.untyped_data()) + l * rows * cols;
-  const float* xp = x.typed_data();
-  float* o = out->typed_data();
-  parallel_for(pool, rows, rows * cols * m_rows, [&](int64_t r0, int64_t r1) {
-    over_rows(m_rows, [&](int64_t m, auto mb) { bf16_rows<decltype(mb)::value>(w, xp, rows, cols, m, r0, r1, o); });
-  });
+// The weight's 16-bit float type, or an error naming what it got.
+ffi::Error half_type(const char* what, const ffi::AnyBuffer& values, Half& h) {
+  if (values.element_type() == ffi::BF16) {
+    h = Half::kBF16;
+  } else if (values.element_type() == ffi::F16) {
+    h = Half::kF16;
+  } else {
+    return ffi::Error::InvalidArgument(std::string(what) + ": the weight must be bfloat16 or float16 [layers?, rows, cols]");
+  }
+  if (values.dimensions().size() < 2) return ffi::Error::InvalidArgument(std::string(what) + ": the weight must be [layers?, rows, cols]");
   return ffi::Error::Success();
 }
 
-// Rows [start, start + count) of a bfloat16 weight's layer widened to float32 [count, cols] (a
-// prompt's product widens the weight a block of rows at a time for XLA's GEMM).
-ffi::Error Bfloat16Rows(ffi::ThreadPool pool, ffi::AnyBuffer values, ffi::AnyBuffer layer, ffi::Buffer<ffi::S32> start,
-                        ffi::ResultBuffer<ffi::F32> out) {
+template <Half H>
+void run_half(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const uint16_t* w, int64_t rows, int64_t cols, float* out) {
+  parallel_for(pool, rows, rows * cols * m_rows, [&](int64_t r0, int64_t r1) {
+    over_rows(m_rows, [&](int64_t m, auto mb) { half_rows<H, decltype(mb)::value>(w, x, rows, cols, m, r0, r1, out); });
+  });
+}
+
+ffi::Error WidenedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer values, ffi::AnyBuffer layer,
+                         ffi::ResultBuffer<ffi::F32> out) {
+  Half h;
+  if (auto e = half_type("widened matmul", values, h); e.failure()) return e;
+  const auto vd = values.dimensions();
+  const int64_t cols = x.dimensions().back(), m_rows = x.element_count() / cols;
+  const int64_t rows = vd[vd.size() - 2];
+  if (vd.back() != cols) return ffi::Error::InvalidArgument("widened matmul: x and the weight disagree on columns");
+  if (auto e = check_dims("widened matmul", cols, rows, out->dimensions().back(), 64); e.failure()) return e;
+  if (int64_t(out->element_count()) != m_rows * rows) return ffi::Error::InvalidArgument("widened matmul: the output's shape");
+  const uint16_t* w = reinterpret_cast<const uint16_t*>(values.untyped_data()) + layer_of(layer, vd) * rows * cols;
+  if (h == Half::kBF16)
+    run_half<Half::kBF16>(pool, x.typed_data(), m_rows, w, rows, cols, out->typed_data());
+  else
+    run_half<Half::kF16>(pool, x.typed_data(), m_rows, w, rows, cols, out->typed_data());
+  return ffi::Error::Success();
+}
+
+// Rows [start, start + count) of a 16-bit weight's layer widened to float32 [count, cols] (a
+// prompt's product widens the weight, whole or a block of rows at a time, for XLA's GEMM).
+ffi::Error WidenedRows(ffi::ThreadPool pool, ffi::AnyBuffer values, ffi::AnyBuffer layer, ffi::Buffer<ffi::S32> start,
+                       ffi::ResultBuffer<ffi::F32> out) {
+  Half h;
+  if (auto e = half_type("widened rows", values, h); e.failure()) return e;
   const auto vd = values.dimensions();
   const auto od = out->dimensions();
-  if (values.element_type() != ffi::BF16 || vd.size() < 2 || od.size() != 2 || od[1] != vd.back() || vd.back() % 16)
-    return ffi::Error::InvalidArgument("bfloat16 rows: the weight must be bfloat16 [layers?, rows, cols], cols a multiple of 16, "
-                                       "and the output float32 [count, cols]");
-  if (start.element_count() != 1) return ffi::Error::InvalidArgument("bfloat16 rows: no start");
+  if (od.size() != 2 || od[1] != vd.back() || vd.back() % 16)
+    return ffi::Error::InvalidArgument("widened rows: cols must be a multiple of 16 and the output float32 [count, cols]");
+  if (start.element_count() != 1) return ffi::Error::InvalidArgument("widened rows: no start");
   const int64_t rows = vd[vd.size() - 2], cols = vd.back(), count = od[0], first = start.typed_data()[0];
-  if (first < 0 || first + count > rows) return ffi::Error::InvalidArgument("bfloat16 rows: rows outside the weight");
+  if (first < 0 || first + count > rows) return ffi::Error::InvalidArgument("widened rows: rows outside the weight");
   const uint16_t* w = reinterpret_cast<const uint16_t*>(values.untyped_data()) + (layer_of(layer, vd) * rows + first) * cols;
   float* o = out->typed_data();
   parallel_for(pool, count, count * cols, [&](int64_t r0, int64_t r1) {
-    for (int64_t i = r0 * cols; i < r1 * cols; i += 16) vstore(o + i, bf16x16(w + i));
+    if (h == Half::kBF16)
+      for (int64_t i = r0 * cols; i < r1 * cols; i += 16) vstore(o + i, widen16<Half::kBF16>(w + i));
+    else
+      for (int64_t i = r0 * cols; i < r1 * cols; i += 16) vstore(o + i, widen16<Half::kF16>(w + i));
   });
   return ffi::Error::Success();
 }
@@ -1169,19 +1198,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_mapped_dequantize, MappedDequantize,
                                   .Attr<int64_t>("kind")         // 0 Q4_0, 2 Q8_0
 );
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_bfloat16_matmul, Bfloat16Matmul,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_widened_matmul, WidenedMatmul,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()  // x [..., cols]
-                                  .Arg<ffi::AnyBuffer>()         // values bf16 [layers?, rows, cols]
+                                  .Arg<ffi::AnyBuffer>()         // values bf16 | f16 [layers?, rows, cols]
                                   .Arg<ffi::AnyBuffer>()         // layer: int32 [] (or empty: no layer axis)
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out [..., rows]
 );
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_bfloat16_rows, Bfloat16Rows,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_widened_rows, WidenedRows,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()         // values bf16 [layers?, rows, cols]
+                                  .Arg<ffi::AnyBuffer>()         // values bf16 | f16 [layers?, rows, cols]
                                   .Arg<ffi::AnyBuffer>()         // layer: int32 [] (or empty)
                                   .Arg<ffi::Buffer<ffi::S32>>()  // start: int32 [], the first row
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out [count, cols]

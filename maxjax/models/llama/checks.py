@@ -227,14 +227,17 @@ def cast_float_weight(wd: Any, dtype: Any) -> Any:
 
 
 def _gguf_type_ok(kind: str, qtype: Any) -> bool:
-    """Whether the llama module takes a GGUF tensor of this type: F32 (its weights are float32;
-    F16/BF16 are not converted), or for a matrix a quantized type maxjax reads (kept packed)."""
+    """Whether the llama module takes a GGUF tensor of this type: F32 (its weights are float32),
+    or for a matrix F16 or BF16 (kept as stored, widened in each product, or widened at load:
+    the policy's ``keep_16bit_weights``) or a quantized type maxjax reads (kept packed)."""
     from maxjax.graph.quantization import QuantizationEncoding
 
     if qtype.name == "F32":
         return True
     if kind == "norm":
         return False
+    if qtype.name in ("F16", "BF16"):  # kept as they are, widened exactly in each product
+        return True
     try:
         QuantizationEncoding.from_gguf(qtype)
     except ValueError:
@@ -331,7 +334,7 @@ def check_gguf_tensors(weights: Any, config: Any, source: str, arch: str = "llam
         shape = tuple(reversed([int(d) for d in t.shape]))
         _check_shape(source, t.name, shape, dims, values, labels)
         if not _gguf_type_ok(kind, t.tensor_type):
-            allowed = "F32" if kind == "norm" else f"F32 or a quantized type maxjax reads ({', '.join(_quantized_types())})"
+            allowed = "F32" if kind == "norm" else f"F32, F16, BF16 or a quantized type maxjax reads ({', '.join(_quantized_types())})"
             raise ValueError(f"{source}: tensor {t.name} is {t.tensor_type.name}; maxjax's llama takes a {kind} weight as {allowed}")
     for role, *_ in _BLOCK:
         types = [by_name[f"blk.{i}.{role}.weight"].tensor_type.name for i in range(n)]

@@ -1,8 +1,9 @@
-"""bfloat16 weights in float32 arithmetic: maxjax's kernel product (each value widened exactly in
-a register) against the float32 product of the widened weight, its gradients and refusals; the
-policy's routing of a float32 ``x`` times a stored bfloat16 weight; and a float32 model loaded
-from a bfloat16 checkpoint, which keeps the file's bfloat16 weights (``keep_bfloat16_weights``)
-and gives the logits of the model widened at load."""
+"""bfloat16 and float16 weights in float32 arithmetic: maxjax's kernel product (each value widened
+exactly in a register) against the float32 product of the widened weight, its gradients and
+refusals; the policy's routing of a float32 ``x`` times a stored 16-bit weight; a float32 model
+loaded from a bfloat16 Hugging Face checkpoint or an F16/BF16 GGUF, which keeps the file's
+weights (``keep_16bit_weights``) and gives the logits of the model widened at load; training
+such a model."""
 
 import dataclasses
 
@@ -21,7 +22,7 @@ from maxjax.models.loading import memory_plan
 
 RNG = np.random.default_rng(11)
 CPU = policy_for("cpu")
-WIDEN_AT_LOAD = dataclasses.replace(CPU, keep_bfloat16_weights=False)
+WIDEN_AT_LOAD = dataclasses.replace(CPU, keep_16bit_weights=False)
 NO_KERNEL = dataclasses.replace(CPU, native_matmul_max_rows=0)
 HI = jax.lax.Precision.HIGHEST
 
@@ -46,7 +47,7 @@ def _close(got, want):
 def test_kernel_product_is_the_float32_product_of_the_widened_weight(m, rows, cols):
     x = jnp.asarray(RNG.standard_normal((m, cols)).astype(np.float32))
     w = _bf16(rows, cols)
-    got = jax.jit(kernels.bfloat16_matmul)(x, w)
+    got = jax.jit(kernels.widened_matmul)(x, w)
     assert got.shape == (m, rows) and got.dtype == jnp.float32
     _close(got, _reference(x, w))
 
@@ -55,7 +56,7 @@ def test_kernel_takes_leading_axes_and_a_stacked_layer_in_place():
     x = jnp.asarray(RNG.standard_normal((2, 3, 128)).astype(np.float32))  # [batch, seq, cols]
     stack = _bf16(4, 40, 128)  # [layers, rows, cols]
     for layer in (0, 2, 3, 9):  # out of range clamps, as XLA's dynamic-slice does
-        got = jax.jit(lambda x, s, l: kernels.bfloat16_matmul(x, s, l))(x, stack, jnp.int32(layer))
+        got = jax.jit(lambda x, s, l: kernels.widened_matmul(x, s, l))(x, stack, jnp.int32(layer))
         assert got.shape == (2, 3, 40)
         _close(got.reshape(6, 40), _reference(x.reshape(6, 128), stack[min(layer, 3)]))
 
@@ -64,9 +65,9 @@ def test_kernel_takes_leading_axes_and_a_stacked_layer_in_place():
 def test_widened_blocks_for_many_rows_give_the_same_product(widen_rows):
     x = jnp.asarray(RNG.standard_normal((70, 128)).astype(np.float32))
     w = _bf16(48, 128)
-    got = jax.jit(lambda x, w: kernels.bfloat16_matmul(x, w, widen_rows=widen_rows))(x, w)
+    got = jax.jit(lambda x, w: kernels.widened_matmul(x, w, widen_rows=widen_rows))(x, w)
     _close(got, _reference(x, w))
-    rows = jax.jit(lambda w: kernels.bfloat16_rows(w, 8, 16))(w)  # rows 8..23, exactly widened
+    rows = jax.jit(lambda w: kernels.widened_rows(w, 8, 16))(w)  # rows 8..23, exactly widened
     np.testing.assert_array_equal(np.asarray(rows), np.asarray(w[8:24]).astype(np.float32))
 
 
@@ -77,7 +78,7 @@ def test_gradients_are_the_widened_weights(widen_rows):
     g = jnp.asarray(RNG.standard_normal((3, 32)).astype(np.float32))
 
     def loss(x, w):
-        return jnp.sum(kernels.bfloat16_matmul(x, w, widen_rows=widen_rows) * g)
+        return jnp.sum(kernels.widened_matmul(x, w, widen_rows=widen_rows) * g)
 
     def ref(x, w):
         return jnp.sum(jnp.matmul(x, w.astype(jnp.float32).T, precision=HI) * g)
@@ -92,18 +93,18 @@ def test_gradients_are_the_widened_weights(widen_rows):
 def test_kernel_refuses_what_it_cannot_multiply():
     x = jnp.zeros((2, 64), jnp.float32)
     with pytest.raises(ValueError, match=r"multiple of 64, got bfloat16\[8, 96\]"):
-        kernels.bfloat16_matmul(jnp.zeros((2, 96), jnp.float32), _bf16(8, 96))
+        kernels.widened_matmul(jnp.zeros((2, 96), jnp.float32), _bf16(8, 96))
     with pytest.raises(ValueError, match="x must be float32, got bfloat16"):
-        kernels.bfloat16_matmul(x.astype(jnp.bfloat16), _bf16(8, 64))
+        kernels.widened_matmul(x.astype(jnp.bfloat16), _bf16(8, 64))
     with pytest.raises(ValueError, match="x has 128 features"):
-        kernels.bfloat16_matmul(jnp.zeros((2, 128), jnp.float32), _bf16(8, 64))
+        kernels.widened_matmul(jnp.zeros((2, 128), jnp.float32), _bf16(8, 64))
     with pytest.raises(ValueError, match="needs a layer index"):
-        kernels.bfloat16_matmul(x, _bf16(2, 8, 64))
+        kernels.widened_matmul(x, _bf16(2, 8, 64))
     with pytest.raises(ValueError, match="needs no layer index"):
-        kernels.bfloat16_matmul(x, _bf16(8, 64), jnp.int32(0))
+        kernels.widened_matmul(x, _bf16(8, 64), jnp.int32(0))
     with pytest.raises(ValueError, match="widen_rows must be 0 or a divisor of the weight's 8 rows, got 3"):
-        kernels.bfloat16_matmul(x, _bf16(8, 64), widen_rows=3)
-    assert not kernels.takes_bfloat16(jnp.zeros((8, 64), jnp.float32))
+        kernels.widened_matmul(x, _bf16(8, 64), widen_rows=3)
+    assert not kernels.takes_widened(jnp.zeros((8, 64), jnp.float32))
 
 
 @pytest.mark.parametrize("m", [1, 4, 40])
@@ -117,8 +118,8 @@ def test_the_policy_widens_a_stored_bfloat16_weight_in_the_kernel(m):
     assert not dataclasses.replace(CPU, autocast=True).widens(x, w)  # a bfloat16 Trainer's recipe instead
     fn = jax.jit(lambda x, w: CPU.matmul_t(x, w, stored=True))
     hlo = fn.lower(x, w).as_text()
-    assert ("maxjax_bfloat16_matmul" in hlo) == (m <= CPU.native_matmul_max_rows)
-    assert ("maxjax_bfloat16_rows" in hlo) == (m > CPU.native_matmul_max_rows)
+    assert ("maxjax_widened_matmul" in hlo) == (m <= CPU.native_matmul_max_rows)
+    assert ("maxjax_widened_rows" in hlo) == (m > CPU.native_matmul_max_rows)
     assert "stablehlo.convert" not in hlo  # the weight is never converted by XLA
     _close(fn(x, w), _reference(x, w))
     _close(jax.jit(lambda x, w: NO_KERNEL.matmul_t(x, w, stored=True))(x, w), _reference(x, w))
@@ -136,7 +137,9 @@ def test_which_dtype_a_hugging_face_checkpoint_loads_in():
     assert f({"bfloat16"}, DType.float32, CPU) == DType.bfloat16
     assert f({"BF16"}, DType.float32, CPU) == DType.bfloat16  # safetensors' header names
     assert f({"bfloat16", "float32"}, DType.float32, CPU) == DType.float32  # mixed: widened
-    assert f({"float16"}, DType.float32, CPU) == DType.float32
+    assert f({"float16"}, DType.float32, CPU) == DType.float16
+    assert f({"F16"}, DType.float32, CPU) == DType.float16
+    assert f({"float16", "bfloat16"}, DType.float32, CPU) == DType.float32
     assert f({"bfloat16"}, DType.float32, WIDEN_AT_LOAD) == DType.float32
     assert f({"bfloat16"}, DType.float32, CPU, mesh=object()) == DType.float32  # XLA's products on a mesh
     assert f({"float32"}, DType.bfloat16, CPU) == DType.bfloat16
@@ -181,8 +184,8 @@ def test_bfloat16_activations_take_the_kernel_with_the_same_arithmetic(m):
     w = _bf16(96, 256)
     fn = jax.jit(lambda x, w: CPU.matmul_t(x, w, stored=True))
     ref = jax.jit(lambda x, w: NO_KERNEL.matmul_t(x, w, stored=True))
-    assert "maxjax_bfloat16_matmul" in fn.lower(x, w).as_text()
-    assert "maxjax_bfloat16_matmul" not in ref.lower(x, w).as_text()
+    assert "maxjax_widened_matmul" in fn.lower(x, w).as_text()
+    assert "maxjax_widened_matmul" not in ref.lower(x, w).as_text()
     got, want = fn(x, w), ref(x, w)
     assert got.dtype == want.dtype == jnp.bfloat16
     exact = _reference(x, w)
@@ -229,3 +232,43 @@ def test_float32_training_of_kept_bfloat16_weights(tmp_path):
     st, got = losses(kept, "*lora_*")
     assert {v.dtype for v in st.params.values()} == {np.dtype(np.float32)}
     np.testing.assert_allclose(got, losses(widened, "*lora_*")[1], rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_kernel_widens_float16_as_bfloat16(dtype):
+    x = jnp.asarray(RNG.standard_normal((3, 128)).astype(np.float32))
+    w = _bf16(40, 128).astype(dtype)
+    _close(jax.jit(kernels.widened_matmul)(x, w), _reference(x, w))
+    _close(jax.jit(lambda x, w: kernels.widened_matmul(x, w, widen_rows=20))(x, w), _reference(x, w))
+    np.testing.assert_array_equal(np.asarray(kernels.widened_rows(w, 0, 40)), np.asarray(w).astype(np.float32))
+
+
+@pytest.mark.parametrize("ggml", ["F16", "BF16"])
+def test_a_gguf_with_16bit_matrices_keeps_them_and_gives_the_float32_files_logits(tmp_path, ggml):
+    """A GGUF whose matrices are F16 or BF16 (llama.cpp's unquantized exports): the weights stay as
+    stored (Q and K rows un-permuted) and the model's logits are those of the same values stored
+    as F32; with the policy that widens at load, its weights are float32."""
+    import gguf
+
+    T = gguf.GGMLQuantizationType
+    half, wide = {}, {}
+    for name, (array, raw) in L.gguf_tensors().items():
+        if raw is None:  # norms stay F32
+            half[name] = wide[name] = (array, raw)
+            continue
+        values = (RNG.standard_normal(gguf.quant_shape_from_byte_shape(array.shape, raw)) * 0.2).astype(np.float32)
+        stored = gguf.quantize(values, T[ggml])
+        half[name] = (stored, T[ggml])
+        wide[name] = (gguf.dequantize(stored, T[ggml]).astype(np.float32), None)
+    a = load_model(L.write_gguf(tmp_path / "half.gguf", L.gguf_metadata(), half))
+    b = load_model(L.write_gguf(tmp_path / "wide.gguf", L.gguf_metadata(), wide))
+    c = load_model(tmp_path / "half.gguf", policy=WIDEN_AT_LOAD)
+    kept = {"F16": np.float16, "BF16": ml_dtypes.bfloat16}[ggml]
+    assert a.module.layers[1].self_attn.q_proj.weight.dtype == DType.from_numpy(np.dtype(kept))
+    assert {x.dtype for x in jax.tree.leaves(a.state)} == {np.dtype(kept), np.dtype(np.float32)}  # norms float32
+    assert {x.dtype for x in jax.tree.leaves(c.state)} == {np.dtype(np.float32)}
+    tokens = np.array([[3, 9, 4, 17, 2, 30, 41]], np.int32)
+    logits = [m.prefill(tokens, [7], *m.new_cache(1, 16))[1] for m in (a, b, c)]
+    _close(logits[0], logits[1])
+    _close(logits[2], logits[1])
+    assert a.generate(["hello"], 8)[0].token_ids == b.generate(["hello"], 8)[0].token_ids
