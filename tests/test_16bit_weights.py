@@ -272,3 +272,53 @@ def test_a_gguf_with_16bit_matrices_keeps_them_and_gives_the_float32_files_logit
     _close(logits[0], logits[1])
     _close(logits[2], logits[1])
     assert a.generate(["hello"], 8)[0].token_ids == b.generate(["hello"], 8)[0].token_ids
+
+
+def _mapped_ranges(path) -> list[tuple[int, int]]:
+    """This process's address ranges that map ``path`` (from /proc/self/maps)."""
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if line.rstrip().endswith(str(path)):
+                lo, hi = line.split()[0].split("-")
+                out.append((int(lo, 16), int(hi, 16)))
+    return out
+
+
+def test_float_tensors_are_adopted_where_they_lie_in_the_map(tmp_path):
+    """``mapped_float_tensors``: a safetensors file whose data starts on a 64-byte boundary gives
+    per-layer weights that are the file's own pages (their buffers inside this process's map of
+    the file), not copies; without it every weight is a copy; the logits are the same."""
+    import json
+    import struct
+
+    import safetensors.numpy
+
+    low = {k: v.astype(ml_dtypes.bfloat16) for k, v in L.hf_tensors().items()}
+    d = L.write_hf_dir(tmp_path / "bf16", L.hf_config(), low)
+    path = d / "model.safetensors"
+    for pad in range(64):  # metadata of a length that puts the data on a 64-byte boundary
+        safetensors.numpy.save_file(low, str(path), metadata={"pad": "x" * pad})
+        (n,) = struct.unpack("<Q", path.read_bytes()[:8])
+        if (8 + n) % 64 == 0:
+            break
+    header = json.loads(path.read_bytes()[8 : 8 + n])
+    assert all((8 + n + info["data_offsets"][0]) % 64 == 0 for k, info in header.items() if k != "__metadata__")
+    adopted = load_model(d)
+    copied = load_model(d, policy=dataclasses.replace(CPU, mapped_float_tensors=False))
+    ranges = _mapped_ranges(path.resolve())
+    assert ranges
+
+    def in_map(x) -> bool:
+        p = x.unsafe_buffer_pointer()
+        return any(lo <= p < hi for lo, hi in ranges)
+
+    def layer_arrays(lm):
+        return [a for a in jax.tree.leaves(lm.state) if a.ndim == 2 and a.shape == (L.FFN, L.HIDDEN)]  # gate/up per layer
+
+    assert layer_arrays(adopted) and all(in_map(a) for a in layer_arrays(adopted))
+    assert not any(in_map(a) for a in jax.tree.leaves(copied.state))
+    tokens = np.array([[3, 9, 4, 17, 2]], np.int32)
+    la = adopted.prefill(tokens, [5], *adopted.new_cache(1, 16))[1]
+    lb = copied.prefill(tokens, [5], *copied.new_cache(1, 16))[1]
+    np.testing.assert_array_equal(np.asarray(la), np.asarray(lb))

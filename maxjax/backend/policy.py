@@ -53,6 +53,16 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   0.93x -> 1.08x once the distance ran along each stream's rows); ``benchmarks/results/
   scale_mapped_avx512.txt`` and ``scale_zen5_avx512.txt`` have 1B to 8B against llama.cpp).
   AVX2 CPUs (no 16-entry table in one register; unmeasured), GPU, TPU: ``()``.
+- ``mapped_float_tensors``: a float tensor of a mapped file (safetensors, a GGUF's F32/F16/BF16
+  tensors) that the model keeps as stored (no conversion, row order or stacking: the per-layer
+  weights of ``layer_weights="per_layer"``, the embedding, norms) and that starts on a 64-byte
+  boundary is adopted where it lies in the map (JAX's CPU client adopts such host memory without
+  a copy), as the ``mapped`` layout does for GGUF blocks: loading it is mapping the file, and its
+  memory is the file's page cache (shared, and not resident until read); others take one copy.
+  Safetensors' data and GGUF's 32-byte aligned tensors start on such a boundary for about 1 in 8
+  and 1 in 2 files (a file's tensors share their offset modulo 64). The file must not be
+  modified while the model lives (the OS then kills the process with SIGBUS). CPU: True
+  (FIGURES); GPU and TPU: False (their weights are copied to device memory).
 - ``q8_activations``: every product with a GGUF-quantized weight (any layout but ``int8``) takes
   its activations rounded to Q8_0 blocks, per 32 values (llama.cpp's ``quantize_row_q8_0``):
   llama.cpp's arithmetic (``ggml_vec_dot_q4_0_q8_0``, ``_q4_1_q8_1``, ``_q8_0_q8_0``), and MAX's
@@ -302,6 +312,8 @@ class BackendPolicy:
             matrices of scanned layers.
         keep_16bit_weights: a float32 model keeps a checkpoint's bfloat16 or float16 weights as
             they are and widens them in each product (see above).
+        mapped_float_tensors: float tensors of a mapped file are adopted where they lie when the
+            layout allows (see above).
         widened_block_bytes: most float32 bytes of a 16-bit float weight widened at once for a
             prompt's GEMM in maxjax's kernel (see ``keep_16bit_weights``).
         bfloat16_matmul: the platform has native bfloat16 dots (bfloat16 training is allowed).
@@ -343,6 +355,7 @@ class BackendPolicy:
     encoder_rows: int = 256
     layer_weights: str = "stacked"
     keep_16bit_weights: bool = False
+    mapped_float_tensors: bool = False
     widened_block_bytes: int = 64 << 20
     bfloat16_matmul: bool = True
     bfloat16_float32_dots: bool = False
@@ -638,6 +651,7 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
         encoder_rows=32,
         layer_weights="per_layer",
         keep_16bit_weights=kernel,
+        mapped_float_tensors=True,
         bfloat16_matmul=bool(flags & BFLOAT16_CPU_FLAGS),
         bfloat16_float32_dots=True,
         bfloat16_remat=True,

@@ -91,7 +91,7 @@ def host_stack(values: Sequence[Any], transform: Any = None) -> np.ndarray:
 
 
 def place_layers(values: Sequence[Any], target: Any, *, stacked: bool, transform: Any = None, encoding: Any = None,
-                 quantized_layout: str | None = None, host_conversion: bool = False) -> Any:  # fmt: skip
+                 quantized_layout: str | None = None, host_conversion: bool = False, in_place: bool = False) -> Any:  # fmt: skip
     """One weight's value (or, ``stacked``, its layers' values stacked) on ``target`` (a device,
     or None for the default one), with one copy of the stored bytes (see :func:`host_stack`).
 
@@ -100,7 +100,10 @@ def place_layers(values: Sequence[Any], target: Any, *, stacked: bool, transform
     ``host_conversion`` (the backend policy's ``host_layout_conversion``) where the encoding and
     layout allow it, converted on the host as it is read, straight into the buffers the device
     adopts (:func:`host_layout`). A value that needs neither stacking nor a transform and is
-    already a device array stays as it is.
+    already a device array stays as it is. With ``in_place`` (the backend policy's
+    ``mapped_float_tensors``), a float tensor of a mapped file that needs no conversion, row order
+    or stacking and starts on a 64-byte boundary is adopted where it lies in the map, on a CPU
+    device (JAX's CPU client adopts such host memory without a copy): nothing is copied or read.
 
     Returns:
         A ``jax.Array``, or a :class:`~maxjax.graph.quantization.QuantizedArray`.
@@ -125,6 +128,10 @@ def place_layers(values: Sequence[Any], target: Any, *, stacked: bool, transform
 
         if transform is not None:
             host = transform(to_host_array(host))
+        if in_place and encoding is None and isinstance(host, LazyTensor) and _on_cpu(target):
+            view = host.in_place()
+            if view is not None and view.ctypes.data % 64 == 0:
+                return jax.device_put(view, target)  # adopted: the file's pages are the weight
         if isinstance(host, LazyTensor) or not isinstance(host, jax.Array):
             host = host_stack([host])[0]
     device = jax.device_put(host, target)  # adopted on the CPU: aligned and read-only
@@ -134,6 +141,12 @@ def place_layers(values: Sequence[Any], target: Any, *, stacked: bool, transform
     # asynchronous dispatch every weight's stored stack would otherwise wait, alive, beside its
     # converted one (Llama-3.2-1B Q4_0: 300 MB more at the peak of the load).
     return jax.block_until_ready(to_layout(quantized_layout, encoding, device))
+
+
+def _on_cpu(target: Any) -> bool:
+    """Whether ``target`` (a device, or None for the default one) is a CPU device."""
+    device = target if isinstance(target, jax.Device) else jax.devices()[0] if target is None else None
+    return device is not None and device.platform == "cpu"
 
 
 def mapped_layout(values: Sequence[Any], encoding: Any, target: Any, *, stacked: bool) -> Any:

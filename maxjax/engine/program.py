@@ -206,7 +206,7 @@ class Program:
             return place_layers(
                 values, target, stacked=stacked, transform=None if identity else w.to_device_layout,
                 encoding=w.quantization_encoding if gguf else None, quantized_layout=layout,
-                host_conversion=self.policy.host_layout_conversion,
+                host_conversion=self.policy.host_layout_conversion, in_place=self.policy.mapped_float_tensors,
             )  # fmt: skip
         host = [w.to_device_layout(to_host_array(v)) for v in values]
         value = np.stack(host) if stacked else host[0]

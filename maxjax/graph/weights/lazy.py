@@ -142,6 +142,18 @@ class LazyTensor:
         the stored order). Call :meth:`done_reading` once it is read."""
         return self._stored(), self.rows
 
+    def in_place(self) -> np.ndarray | None:
+        """The whole tensor as a read-only view of the map (nothing is read now; counted as read),
+        where it needs no conversion or row order; else None. The view keeps the map open; the
+        file must not be modified or truncated while it lives (the OS then kills the process
+        with SIGBUS)."""
+        if self.rows is not None or self.dtype != self.stored_dtype:
+            return None
+        view = self._stored()
+        with _LOCK:
+            _READ[self.mapped.path] = _READ.get(self.mapped.path, 0) + view.nbytes
+        return view
+
     def done_reading(self) -> None:
         """Counts the tensor as read and drops the file's pages under it from this process's
         resident set (they stay in the page cache)."""
