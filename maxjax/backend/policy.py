@@ -62,7 +62,10 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   Safetensors' data and GGUF's 32-byte aligned tensors start on such a boundary for about 1 in 8
   and 1 in 2 files (a file's tensors share their offset modulo 64). The file must not be
   modified while the model lives (the OS then kills the process with SIGBUS). CPU: True
-  (FIGURES); GPU and TPU: False (their weights are copied to device memory).
+  (2-core Zen 5 EPYC, ``benchmarks/scale.py``: a Llama-3.2-1B-shaped bfloat16 directory loads in
+  0.26 s against 1.46 s copied, the same peak RSS once decoding has read every page; its F16
+  GGUF in 0.49 s against 1.75 s, llama.cpp 0.26-0.27 s); GPU and TPU: False (their weights are
+  copied to device memory).
 - ``q8_activations``: every product with a GGUF-quantized weight (any layout but ``int8``) takes
   its activations rounded to Q8_0 blocks, per 32 values (llama.cpp's ``quantize_row_q8_0``):
   llama.cpp's arithmetic (``ggml_vec_dot_q4_0_q8_0``, ``_q4_1_q8_1``, ``_q8_0_q8_0``), and MAX's
@@ -196,9 +199,13 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   (the ``[128256, 2048]`` head); 4 rows 2.7-3.5x; 32 rows 0.99-1.06x; 128 rows, widened whole:
   0.40-0.91x (XLA converting the weight in the program instead: 1.4 to 12x slower than the
   float32 weight). A Llama-3.2-1B-shaped bfloat16 directory
-  (``benchmarks/results/scale_bf16_zen5_avx512.json``): decode 8.3 -> 20.4 tokens/s, peak RSS
-  5390 -> 2917 MB, load 3.45 -> 1.46 s, warm time to first token of a 128-token prompt 771 ->
-  922 ms, the same greedy tokens. CPU where the kernels build: True; others: False (the
+  (``benchmarks/results/scale_bf16_zen5_avx512.json``, two runs): decode 8.3-9.3 -> 17.2-20.4
+  tokens/s, peak RSS 5.39 -> 2.92 GB, load 2.67-3.45 -> 1.46 s (0.26 s with
+  ``mapped_float_tensors``), warm time to first token of a 128-token prompt 733-771 -> 864-922
+  ms, the same greedy tokens; its F16 GGUF against llama.cpp, same run: decode 1.01-1.05x, peak
+  RSS 1.12x, time to first token 1.25-1.32x (``scale_f16_zen5_avx512.json``). A
+  Llama-3.1-8B-shaped bfloat16 directory, refused widened (30.9 GiB against 22.9 available),
+  decodes at 2.54 tokens/s with 16.6 GB peak RSS (``scale_bf16_8b_zen5_avx512.json``). CPU where the kernels build: True; others: False (the
   weights are widened at load; unmeasured).
 - ``bfloat16_matmul``: whether the platform multiplies bfloat16 natively, so that
   ``Trainer(compute_dtype="bfloat16")`` is worth running. GPU and TPU: True; CPU: True only with
