@@ -205,7 +205,8 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   ms, the same greedy tokens; its F16 GGUF against llama.cpp, same run: decode 1.01-1.05x, peak
   RSS 1.12x, time to first token 1.25-1.32x (``scale_f16_zen5_avx512.json``). A
   Llama-3.1-8B-shaped bfloat16 directory, refused widened (30.9 GiB against 22.9 available),
-  loads in 0.27 s and decodes at 2.96 tokens/s with 15.6 GB peak RSS (``scale_bf16_8b_zen5_avx512.json``). CPU where the kernels build: True; others: False (the
+  loads in 0.27 s and decodes at 2.96 tokens/s with 15.6 GB peak RSS
+  (``scale_bf16_8b_zen5_avx512.json``). CPU where the kernels build: True; others: False (the
   weights are widened at load; unmeasured).
 - ``bfloat16_matmul``: whether the platform multiplies bfloat16 natively, so that
   ``Trainer(compute_dtype="bfloat16")`` is worth running. GPU and TPU: True; CPU: True only with

@@ -15,7 +15,10 @@ from typing import Any
 from maxjax.dtype import DType
 from maxjax.models.registry import Architecture, for_gguf, for_hf_config, read_hf_config
 
-__all__ = ["float_weights_dtype", "kept_16bit_weights", "module_from_gguf", "module_from_pretrained_dir", "open_gguf_checkpoint", "open_hf_checkpoint"]
+__all__ = [
+    "float_weights_dtype", "kept_16bit_weights", "module_from_gguf", "module_from_pretrained_dir", "open_gguf_checkpoint",
+    "open_hf_checkpoint",
+]  # fmt: skip
 
 
 def float_weights_dtype(stored: Any, dtype: DType, policy: Any = None, mesh: Any = None) -> DType:
