@@ -96,9 +96,9 @@ def run_mesh(args: argparse.Namespace) -> int:
     mesh = make_mesh(axes)
     path = args.paths[0]
     if os.path.isdir(path):
-        module, _ = module_from_pretrained_dir(path)
+        module, _ = module_from_pretrained_dir(path, mesh=mesh)
     else:
-        module, _, _ = module_from_gguf(path, lazy=True)
+        module, _, _ = module_from_gguf(path, lazy=True, mesh=mesh)
     tp = int(axes.get("tp", 1))
     if tp > 1:
         module.sharding_strategy = ShardingStrategy.tensor_parallel(tp)

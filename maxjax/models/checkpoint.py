@@ -133,14 +133,21 @@ def build(arch: Architecture, config: Any, state: dict[str, Any], dtype: DType =
     return module
 
 
-def module_from_gguf(path: str | os.PathLike[str], dtype: DType = DType.float32, *, lazy: bool = False) -> tuple[Any, Any, Any]:
+def module_from_gguf(
+    path: str | os.PathLike[str], dtype: DType = DType.float32, *, lazy: bool = False, policy: Any = None, mesh: Any = None
+) -> tuple[Any, Any, Any]:
     """``(module, config, weights)``: :func:`open_gguf_checkpoint` and the module built with its
-    weights (quantized ones packed, as in the file)."""
+    weights (quantized ones packed, as in the file; F16/BF16 matrices as :func:`kept_16bit_weights`
+    says for ``policy`` and ``mesh``)."""
     arch, config, weights = open_gguf_checkpoint(path, lazy=lazy)
-    return build(arch, config, arch.weights_from_gguf(weights, config), dtype, quantized=True), config, weights
+    state = kept_16bit_weights(arch.weights_from_gguf(weights, config), policy, mesh)
+    return build(arch, config, state, dtype, quantized=True), config, weights
 
 
-def module_from_pretrained_dir(directory: str | os.PathLike[str], dtype: DType = DType.float32, *, lazy: bool = False) -> tuple[Any, Any]:
-    """``(module, config)``: :func:`open_hf_checkpoint` and the module built with its weights."""
-    arch, config, state = open_hf_checkpoint(directory, lazy=lazy, dtype=dtype)
+def module_from_pretrained_dir(
+    directory: str | os.PathLike[str], dtype: DType = DType.float32, *, lazy: bool = False, policy: Any = None, mesh: Any = None
+) -> tuple[Any, Any]:
+    """``(module, config)``: :func:`open_hf_checkpoint` (for ``policy`` and ``mesh``) and the
+    module built with its weights."""
+    arch, config, state = open_hf_checkpoint(directory, lazy=lazy, dtype=dtype, policy=policy, mesh=mesh)
     return build(arch, config, state, dtype, quantized=False), config
