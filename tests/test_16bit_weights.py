@@ -20,10 +20,12 @@ from maxjax.dtype import DType
 from maxjax.models import checkpoint
 from maxjax.models.loading import memory_plan
 
+pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"maxjax's CPU kernels do not run here: {kernels.unavailable_reason()}")
+
 RNG = np.random.default_rng(11)
 CPU = policy_for("cpu")
 WIDEN_AT_LOAD = dataclasses.replace(CPU, keep_16bit_weights=False)
-NO_KERNEL = dataclasses.replace(CPU, native_matmul_max_rows=0)
+NO_KERNEL = dataclasses.replace(CPU, native_matmul_max_rows=0, widened_kernel_max_rows=0)
 HI = jax.lax.Precision.HIGHEST
 
 
@@ -61,7 +63,7 @@ def test_kernel_takes_leading_axes_and_a_stacked_layer_in_place():
         _close(got.reshape(6, 40), _reference(x.reshape(6, 128), stack[min(layer, 3)]))
 
 
-@pytest.mark.parametrize("widen_rows", [8, 16, 48])
+@pytest.mark.parametrize("widen_rows", [8, 16, 48, 20, 7, 100])
 def test_widened_blocks_for_many_rows_give_the_same_product(widen_rows):
     x = jnp.asarray(RNG.standard_normal((70, 128)).astype(np.float32))
     w = _bf16(48, 128)
@@ -102,12 +104,12 @@ def test_kernel_refuses_what_it_cannot_multiply():
         kernels.widened_matmul(x, _bf16(2, 8, 64))
     with pytest.raises(ValueError, match="needs no layer index"):
         kernels.widened_matmul(x, _bf16(8, 64), jnp.int32(0))
-    with pytest.raises(ValueError, match="widen_rows must be 0 or a divisor of the weight's 8 rows, got 3"):
-        kernels.widened_matmul(x, _bf16(8, 64), widen_rows=3)
+    with pytest.raises(ValueError, match="widen_rows must be 0 or positive, got -1"):
+        kernels.widened_matmul(x, _bf16(8, 64), widen_rows=-1)
     assert not kernels.takes_widened(jnp.zeros((8, 64), jnp.float32))
 
 
-@pytest.mark.parametrize("m", [1, 4, 40])
+@pytest.mark.parametrize("m", [1, 4, 16, 17, 40])
 def test_the_policy_widens_a_stored_bfloat16_weight_in_the_kernel(m):
     """float32 ``x`` times a stored bfloat16 weight: the kernel's product for a few rows, XLA's GEMM
     against widened blocks for many; no float32 copy of the whole weight is converted where the
@@ -118,18 +120,30 @@ def test_the_policy_widens_a_stored_bfloat16_weight_in_the_kernel(m):
     assert not dataclasses.replace(CPU, autocast=True).widens(x, w)  # a bfloat16 Trainer's recipe instead
     fn = jax.jit(lambda x, w: CPU.matmul_t(x, w, stored=True))
     hlo = fn.lower(x, w).as_text()
-    assert ("maxjax_widened_matmul" in hlo) == (m <= CPU.native_matmul_max_rows)
-    assert ("maxjax_widened_rows" in hlo) == (m > CPU.native_matmul_max_rows)
+    assert ("maxjax_widened_matmul" in hlo) == (m <= CPU.widened_kernel_max_rows)
+    assert ("maxjax_widened_rows" in hlo) == (m > CPU.widened_kernel_max_rows)
     assert "stablehlo.convert" not in hlo  # the weight is never converted by XLA
     _close(fn(x, w), _reference(x, w))
     _close(jax.jit(lambda x, w: NO_KERNEL.matmul_t(x, w, stored=True))(x, w), _reference(x, w))
 
 
-def test_widened_blocks_are_the_whole_weight_or_divisors_within_the_budget():
+def test_widened_blocks_are_the_whole_weight_or_as_many_rows_as_fit():
     p = dataclasses.replace(CPU, widened_block_bytes=1 << 20)  # 262144 float32 values
     assert p.widened_rows(256, 1024) == 256  # 1 MiB: whole
-    assert p.widened_rows(720, 1024) == 240  # the largest divisor of 720 within 256 rows
+    assert p.widened_rows(720, 1024) == 256  # blocks of 256 rows, the last of 208
     assert p.widened_rows(7, 1 << 20) == 1  # not even one row fits: one at a time
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(dtype):
+    """The kernel sums each (weight row, activation row) in one order whatever rows share a call:
+    a row alone and in a batch of up to ``widened_kernel_max_rows`` give the same bits."""
+    x = jnp.asarray(RNG.standard_normal((16, 2048)).astype(np.float32))
+    w = _bf16(72, 2048).astype(dtype)
+    fn = jax.jit(lambda x, w: CPU.matmul_t(x, w, stored=True))
+    whole = np.asarray(fn(x, w))
+    for m in (1, 2, 3, 5, 8):
+        np.testing.assert_array_equal(np.asarray(fn(x[:m], w)), whole[:m])
 
 
 def test_which_dtype_a_hugging_face_checkpoint_loads_in():
@@ -322,3 +336,36 @@ def test_float_tensors_are_adopted_where_they_lie_in_the_map(tmp_path):
     la = adopted.prefill(tokens, [5], *adopted.new_cache(1, 16))[1]
     lb = copied.prefill(tokens, [5], *copied.new_cache(1, 16))[1]
     np.testing.assert_array_equal(np.asarray(la), np.asarray(lb))
+
+
+def _half_gguf(tmp_path, ggml: str, only: str | None = None):
+    """The tests' llama GGUF with its matrices (or just ``only``) stored as ``ggml`` (F16/BF16)."""
+    import gguf
+
+    T = gguf.GGMLQuantizationType
+    tensors = {}
+    for name, (array, raw) in L.gguf_tensors().items():
+        if raw is not None and (only is None or name == only):
+            values = (RNG.standard_normal(gguf.quant_shape_from_byte_shape(array.shape, raw)) * 0.2).astype(np.float32)
+            array, raw = gguf.quantize(values, T[ggml]), T[ggml]
+        tensors[name] = (array, raw)
+    return L.write_gguf(tmp_path / f"{ggml}-{only}.gguf", L.gguf_metadata(), tensors)
+
+
+def test_a_bfloat16_model_of_an_f16_gguf_rounds_its_matrices_to_bfloat16(tmp_path):
+    lm = load_model(_half_gguf(tmp_path, "F16"), dtype=DType.bfloat16)
+    assert lm.module.layers[0].mlp.up_proj.weight.dtype == DType.bfloat16
+    assert len(lm.generate(["hello"], 4)[0].token_ids) == 4
+
+
+def test_a_float32_trainer_refuses_quantized_weights_beside_a_16bit_one(tmp_path):
+    """A GGUF of Q4_1 matrices and an F16 embedding: training every weight names the quantized
+    one (as without the F16 one) rather than dequantizing the model silently."""
+    import optax
+
+    from maxjax import train
+
+    lm = load_model(_half_gguf(tmp_path, "F16", only="token_embd.weight"))
+    assert lm.module.embed_tokens.weight.dtype == DType.float16
+    with pytest.raises(ValueError, match="quantized: it cannot be trained"):
+        train.Trainer(lm.module, optax.adam(1e-3))

@@ -275,7 +275,7 @@ def test_low_precision_hugging_face_weights_widen_on_read_to_the_same_model(tmp_
     """A bfloat16/float16 checkpoint loads as float32 (each tensor converted in its one copy out of
     the map): the same logits, bit for bit, as a float32 checkpoint of the same rounded values.
     (A bfloat16 one keeps its weights where the policy's ``keep_16bit_weights`` holds, the
-    CPU's default: tests/test_bfloat16_weights.py; this is the policy that widens at load.)"""
+    CPU's default: tests/test_16bit_weights.py; this is the policy that widens at load.)"""
     import dataclasses
 
     import jax

@@ -199,7 +199,7 @@ def test_a_stored_weight_is_contracted_in_its_stored_layout(dtype):
     policy's ``autocast`` is off, so equal dtypes never take the autocast product. (XLA's forms:
     where maxjax's kernel runs, a few bfloat16 rows multiply there instead,
     tests/test_16bit_weights.py.)"""
-    cpu = dataclasses.replace(F32_ACTIVATIONS, native_matmul_max_rows=0)
+    cpu = dataclasses.replace(F32_ACTIVATIONS, native_matmul_max_rows=0, widened_kernel_max_rows=0)
     assert not cpu.autocast
     w = jax.numpy.asarray(RNG.standard_normal((48, 64)), dtype)  # [out, in]
     x = jax.numpy.asarray(RNG.standard_normal((1, 64)), dtype)

@@ -182,24 +182,26 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   others: ``"stacked"``. Training programs stack (``Trainer``).
 - ``keep_16bit_weights``: a float32 model of a checkpoint whose matrices are bfloat16 or float16 (a
   Hugging Face directory whose float tensors are all of one of those; a GGUF's F16/BF16 tensors)
-  keeps those weights as in the file (half float32's bytes, one copy out of the map), and each
+  keeps those weights as in the file (half float32's bytes; one copy out of the map at most,
+  none with ``mapped_float_tensors``), and each
   product widens them exactly (``matmul_t`` of float32 ``x`` and a stored 16-bit float ``w``:
   every bfloat16 and float16 value is a float32 value, so the arithmetic is float32's, the same
   values as widening at load up to the order of the sums; norms and the embedding are widened as
   they are used). On the CPU those products run in maxjax's kernel
-  (:func:`maxjax.backend.kernels.widened_matmul`: 1 to ``native_matmul_max_rows`` rows read the
-  weight in place, widened in registers; more rows (a prompt) multiply in XLA's GEMM against the
-  weight widened by the kernel, whole, or in blocks of rows where its float32 copy exceeds
-  ``widened_block_bytes`` (64 MiB: every layer weight of Llama-3.2-1B whole, Llama-3.1-8B's MLP
+  (:func:`maxjax.backend.kernels.widened_matmul`: 1 to ``widened_kernel_max_rows`` (16) rows
+  read the weight in place, widened in registers, each row's sums in the same order whatever rows
+  share the call (at 32 rows the kernel was 1.1x slower than the float32 weight's GEMM); more
+  rows (a prompt) multiply in XLA's GEMM against the weight widened by the kernel, whole, or in
+  blocks of rows where its float32 copy exceeds ``widened_block_bytes`` (64 MiB: every layer weight of Llama-3.2-1B whole, Llama-3.1-8B's MLP
   weights in 4 blocks, a large vocabulary's head in more). A 128-token prompt of a
   Llama-3.2-1B-shaped model, against 256-row blocks: first time to first token 2.70 -> 2.00 s
   (less to compile), warm prefill 0.96 -> 0.85 s). 2-core Zen 5 EPYC, bfloat16
   (``benchmarks/results/bfloat16_matmul_zen5_avx512.txt``, against the float32 weight widened at
   load): one row 2.2x (``[2048, 2048]``), 2.1x (``[8192, 2048]``), 1.5x (``[2048, 8192]``), 1.7x
   (the ``[128256, 2048]`` head); 4 rows 2.7-3.5x; 32 rows 0.99-1.06x; 128 rows, widened whole:
-  0.40-0.91x (XLA converting the weight in the program instead: 1.4 to 12x slower than the
+  0.40-0.91x (XLA converting the weight in the program instead: 1.26 to 16.5x slower than the
   float32 weight). A Llama-3.2-1B-shaped bfloat16 directory
-  (``benchmarks/results/scale_bf16_zen5_avx512.json``, two runs): decode 8.3-9.3 -> 17.2-20.4
+  (``benchmarks/results/scale_bf16_zen5_avx512.json``, its last run and one before it): decode 8.3-9.3 -> 17.2-20.4
   tokens/s, peak RSS 5.39 -> 2.92 GB, load 2.67-3.45 -> 1.46 s (0.26 s with
   ``mapped_float_tensors``), warm time to first token of a 128-token prompt 733-771 -> 864-922
   ms, the same greedy tokens; its F16 GGUF against llama.cpp, same run: decode 1.01-1.05x, peak
@@ -322,6 +324,8 @@ class BackendPolicy:
             they are and widens them in each product (see above).
         mapped_float_tensors: float tensors of a mapped file are adopted where they lie when the
             layout allows (see above).
+        widened_kernel_max_rows: most input rows a 16-bit float weight multiplies in maxjax's
+            kernel (see ``keep_16bit_weights``; 0: never).
         widened_block_bytes: most float32 bytes of a 16-bit float weight widened at once for a
             prompt's GEMM in maxjax's kernel (see ``keep_16bit_weights``).
         bfloat16_matmul: the platform has native bfloat16 dots (bfloat16 training is allowed).
@@ -365,6 +369,7 @@ class BackendPolicy:
     keep_16bit_weights: bool = False
     mapped_float_tensors: bool = False
     widened_block_bytes: int = 64 << 20
+    widened_kernel_max_rows: int = 0
     bfloat16_matmul: bool = True
     bfloat16_float32_dots: bool = False
     bfloat16_remat: bool = False
@@ -471,9 +476,9 @@ class BackendPolicy:
     def _widened_matmul_t(self, x: Any, w: Any) -> Any:
         """``x [..., in]`` float32 ``@ w [out, in].T`` bfloat16 or float16 in float32 arithmetic.
         In maxjax's CPU kernel where it runs (:func:`maxjax.backend.kernels.widened_matmul`): 1 to
-        :attr:`native_matmul_max_rows` rows read the weight in place, more rows multiply in XLA's
-        GEMM against blocks of :attr:`dequant_row_chunk` rows widened by the kernel. Elsewhere
-        the weight is converted to float32 and contracted as stored."""
+        :attr:`widened_kernel_max_rows` rows read the weight in place, more rows multiply in XLA's
+        GEMM against the weight widened by the kernel, in blocks of :meth:`widened_rows` rows.
+        Elsewhere the weight is converted to float32 and contracted as stored."""
         from maxjax.backend import kernels
 
         lead = math.prod(x.shape[:-1])  # symbolic while a Graph is built with symbolic dimensions
@@ -486,22 +491,19 @@ class BackendPolicy:
 
     def _widened_kernel(self, w: Any, lead: Any) -> bool:
         """Whether ``x @ w.T`` of a stored 16-bit float ``w`` with ``lead`` rows in ``x`` runs in
-        maxjax's kernel product: 1 to :attr:`native_matmul_max_rows` rows, a weight the kernel
-        takes, a kernel that builds here."""
+        maxjax's kernel product: on the CPU, 1 to :attr:`widened_kernel_max_rows` rows, a weight
+        the kernel takes, a kernel that builds here."""
         from maxjax.backend import kernels
 
-        if not (isinstance(lead, (int, np.integer)) and 0 < lead <= self.native_matmul_max_rows):
+        if self.platform != "cpu" or not (isinstance(lead, (int, np.integer)) and 0 < lead <= self.widened_kernel_max_rows):
             return False
         return kernels.takes_widened(w) and kernels.available()
 
     def widened_rows(self, rows: int, cols: int) -> int:
         """Rows of a 16-bit float weight ``[rows, cols]`` widened at once for a prompt's GEMM (see
-        ``widened_block_bytes``): all of them where their float32 copy fits in the block, else
-        the largest divisor of ``rows`` whose block fits (at least 1)."""
-        most = max(1, self.widened_block_bytes // (4 * cols))
-        if rows <= most:
-            return rows
-        return max(d for d in range(1, most + 1) if rows % d == 0)
+        ``widened_block_bytes``): all of them where their float32 copy fits in the block, else as
+        many as fit (at least 1; the last block takes the rest)."""
+        return max(1, min(rows, self.widened_block_bytes // (4 * cols)))
 
     def native_matmul(self, w: Any, lead: Any) -> bool:
         """Whether ``x @ w.T`` of a quantized weight ``w`` (2-D, or a layer stack) with ``lead``
@@ -659,6 +661,7 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
         encoder_rows=32,
         layer_weights="per_layer",
         keep_16bit_weights=kernel,
+        widened_kernel_max_rows=16 if kernel else 0,
         mapped_float_tensors=True,
         bfloat16_matmul=bool(flags & BFLOAT16_CPU_FLAGS),
         bfloat16_float32_dots=True,

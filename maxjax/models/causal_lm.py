@@ -208,7 +208,7 @@ class CausalLM:
         with ThreadPoolExecutor(1, thread_name_prefix="maxjax-tokenizer") as pool:
             building = pool.submit(Tokenizer.from_gguf, weights.reader)
             try:
-                state = checkpoint.kept_16bit_weights(arch.weights_from_gguf(weights, config), policy, mesh)  # F16/BF16 matrices
+                state = checkpoint.kept_16bit_weights(arch.weights_from_gguf(weights, config), policy, mesh, dtype)  # F16/BF16 matrices
                 module = checkpoint.build(arch, config, state, dtype, quantized=True)
                 lm = cls(module, config, None, dtype, progress, str(path), quantized_layout, policy, mesh, mesh_axes)
             except BaseException:

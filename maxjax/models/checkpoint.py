@@ -48,16 +48,24 @@ def float_weights_dtype(stored: Any, dtype: DType, policy: Any = None, mesh: Any
 _HALF_NAMES = {"bf16": "bfloat16", "f16": "float16"}
 
 
-def kept_16bit_weights(state: dict[str, Any], policy: Any = None, mesh: Any = None) -> dict[str, Any]:
-    """A GGUF checkpoint's state with its bfloat16 and float16 tensors kept as they are where the
-    backend policy's ``keep_16bit_weights`` holds on one device, else widened to float32 (read
-    and converted in their one copy out of the map)."""
+def kept_16bit_weights(state: dict[str, Any], policy: Any = None, mesh: Any = None, dtype: DType = DType.float32) -> dict[str, Any]:
+    """A GGUF checkpoint's state for a model whose activations are ``dtype``: its bfloat16 and
+    float16 tensors kept as they are for a float32 model where the backend policy's
+    ``keep_16bit_weights`` holds on one device, else converted in their one copy out of the map:
+    widened to float32 for a float32 model, to ``dtype`` for a 16-bit one (a bfloat16 model
+    rounds F16 values to bfloat16, as it rounds a float32 Hugging Face file)."""
     from maxjax.backend import policy_for
     from maxjax.models.llama.checks import cast_float_weight
 
-    keep = mesh is None and policy_for(policy).keep_16bit_weights
-    half = (DType.bfloat16, DType.float16)
-    return {k: wd if keep or getattr(wd, "dtype", None) not in half else cast_float_weight(wd, DType.float32) for k, wd in state.items()}
+    keep = dtype == DType.float32 and mesh is None and policy_for(policy).keep_16bit_weights
+    target = DType.float32 if dtype == DType.float32 else dtype
+    return {
+        k: wd if keep or getattr(wd, "dtype", None) not in HALF_DTYPES else cast_float_weight(wd, target) for k, wd in state.items()
+    }
+
+
+#: the 16-bit float DTypes maxjax's kernel widens exactly (``keep_16bit_weights``)
+HALF_DTYPES = (DType.bfloat16, DType.float16)
 
 
 def open_gguf_checkpoint(path: str | os.PathLike[str], *, lazy: bool = False) -> tuple[Architecture, Any, Any]:
@@ -124,7 +132,7 @@ def build(arch: Architecture, config: Any, state: dict[str, Any], dtype: DType =
         module = arch.build(config, dtype)
         for name, weight in module.raw_state_dict().items():  # F16/BF16 matrices kept as in the file
             kept = getattr(state.get(name), "dtype", None)
-            if kept in (DType.bfloat16, DType.float16) and weight.dtype == DType.float32:
+            if kept in HALF_DTYPES and weight.dtype != kept:
                 weight.retype(None, kept, weight.shape)
     else:
         kept = {wd.dtype for wd in state.values()}  # see float_weights_dtype
@@ -140,7 +148,7 @@ def module_from_gguf(
     weights (quantized ones packed, as in the file; F16/BF16 matrices as :func:`kept_16bit_weights`
     says for ``policy`` and ``mesh``)."""
     arch, config, weights = open_gguf_checkpoint(path, lazy=lazy)
-    state = kept_16bit_weights(arch.weights_from_gguf(weights, config), policy, mesh)
+    state = kept_16bit_weights(arch.weights_from_gguf(weights, config), policy, mesh, dtype)
     return build(arch, config, state, dtype, quantized=True), config, weights
 
 

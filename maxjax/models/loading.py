@@ -200,7 +200,7 @@ def _gguf_runtime_bytes(source: str, t: Any, layout: str, plain: dict, keep_16bi
     logical = tuple(int(d) for d in reversed(t.shape.tolist()))
     if t.tensor_type in plain:
         size = np.dtype(plain[t.tensor_type].to_numpy()).itemsize
-        if size == 2 and not keep_16bit:  # F16/BF16 matrices widened at load
+        if t.tensor_type.name in ("F16", "BF16") and not keep_16bit:  # widened at load
             size = 4
         return math.prod(logical) * size
     try:

@@ -121,11 +121,14 @@ def _low_precision_trainables(raw: Mapping[str, Any], trainable: Any) -> list[st
     """The trainable weights (all where ``trainable`` is None) of ``raw`` (fully-qualified name ->
     Weight) stored in bfloat16 or float16, such as those of a bfloat16 Hugging Face checkpoint
     loaded for float32 inference (``keep_16bit_weights``): a float32 Trainer trains a float32
-    copy of the module then, so that their updates are not rounded to bfloat16."""
+    copy of the module then, so that their updates are not rounded to bfloat16. Empty where a
+    selected weight is quantized (the Trainer then refuses it)."""
     names = list(raw)
     chosen = names if trainable is None else select(names, trainable)
+    if any(raw[n].quantization_encoding is not None for n in chosen):
+        return []  # a quantized weight selected: the Trainer refuses it, naming the fix (no silent dequantizing)
     low = (DType.bfloat16, DType.float16)
-    return [n for n in chosen if raw[n].dtype in low and raw[n].quantization_encoding is None]
+    return [n for n in chosen if raw[n].dtype in low]
 
 
 def _chain_template(prefixes: list[str], c: int) -> str:
@@ -158,7 +161,7 @@ class Trainer:
             float32 either way. ``"bfloat16"`` needs a policy with ``bfloat16_matmul``. A
             float32 Trainer of a model whose activations are float32 (its ``dtype`` attribute)
             and whose trainable weights include bfloat16 or float16 ones (a bfloat16 Hugging
-            Face checkpoint loaded for inference keeps its weights bfloat16 on the CPU) trains a
+            Face checkpoint loaded for inference keeps them where maxjax's kernel builds) trains a
             float32 copy of the module (:func:`~maxjax.train.trainable.dequantized`); frozen
             bfloat16 weights alone (LoRA) stay bfloat16, multiplied in float32. A bfloat16
             model (``dequantized(module, "bfloat16")``) trains bfloat16 weights as they are.

@@ -341,7 +341,7 @@ def takes_widened(w: Any) -> bool:
     shape = getattr(w, "shape", ())
     if len(shape) not in (2, 3) or getattr(w, "dtype", None) not in WIDENED_DTYPES:
         return False
-    return all(isinstance(d, (int, np.integer)) for d in shape) and shape[-1] % 64 == 0
+    return all(isinstance(d, (int, np.integer)) and d > 0 for d in shape) and shape[-1] % 64 == 0
 
 
 def _check_widened(what: str, w: Any, layer: Any) -> None:
@@ -368,8 +368,8 @@ def widened_matmul(x: Any, w: Any, layer: Any = None, *, widen_rows: int = 0) ->
         layer: int32 scalar, the layer of a stacked ``w`` (clamped into range); None for a 2-D one.
         widen_rows: 0: the kernel's product, which reads the weight once, in place, widening it
             in registers (a few rows of ``x``: decode; half the bytes of a float32 weight's
-            product). A divisor ``c`` of ``rows``: XLA's GEMM against the weight widened ``c``
-            rows at a time by :func:`widened_rows` (many rows: a prompt).
+            product). ``c`` > 0: XLA's GEMM against the weight widened ``c`` rows at a time by
+            :func:`widened_rows` (the last block takes the rest; many rows: a prompt).
 
     Returns:
         float32 ``[..., rows]``. Differentiable in ``x`` and ``w`` (float32 cotangent products;
@@ -377,8 +377,8 @@ def widened_matmul(x: Any, w: Any, layer: Any = None, *, widen_rows: int = 0) ->
 
     Raises:
         ValueError: a weight :func:`takes_widened` refuses, ``x`` not float32 or its features not
-            ``cols``, a layer index for a 2-D weight or none for a stack, ``widen_rows`` not a
-            divisor of ``rows``.
+            ``cols``, a layer index for a 2-D weight or none for a stack, a negative
+            ``widen_rows``.
         RuntimeError: the kernels cannot run here (:func:`unavailable_reason` says why).
     """
     _check_widened("widened_matmul", w, layer)
@@ -386,8 +386,8 @@ def widened_matmul(x: Any, w: Any, layer: Any = None, *, widen_rows: int = 0) ->
         raise ValueError(f"widened_matmul: x must be float32, got {np.dtype(x.dtype)}")
     if x.shape[-1] != w.shape[-1]:
         raise ValueError(f"widened_matmul: x has {x.shape[-1]} features (shape {tuple(x.shape)}) but the weight has {w.shape[-1]} columns")
-    if widen_rows < 0 or (widen_rows and w.shape[-2] % widen_rows):
-        raise ValueError(f"widened_matmul: widen_rows must be 0 or a divisor of the weight's {w.shape[-2]} rows, got {widen_rows}")
+    if widen_rows < 0:
+        raise ValueError(f"widened_matmul: widen_rows must be 0 or positive, got {widen_rows}")
     return _widened_product(int(widen_rows), x, w, None if layer is None else _layer(layer))
 
 
@@ -403,7 +403,7 @@ def widened_rows(w: Any, start: Any, count: int, layer: Any = None) -> jax.Array
         RuntimeError: the kernels cannot run here.
     """
     _check_widened("widened_rows", w, layer)
-    call = jax.ffi.ffi_call("maxjax_widened_rows", jax.ShapeDtypeStruct((count, w.shape[-1]), jnp.float32))
+    call = jax.ffi.ffi_call("maxjax_widened_rows", jax.ShapeDtypeStruct((count, w.shape[-1]), jnp.float32), vmap_method="sequential")
     return call(w, _layer(layer), jnp.asarray(start, jnp.int32).reshape(()))
 
 
@@ -413,15 +413,22 @@ def _widened_forward(widen_rows: int, x: Any, w: Any, layer: Any) -> jax.Array:
     if not widen_rows:
         call = jax.ffi.ffi_call("maxjax_widened_matmul", jax.ShapeDtypeStruct((flat.shape[0], rows), jnp.float32), vmap_method="sequential")
         return call(flat, w, _layer(layer)).reshape(*lead, rows)  # [..., rows]
-    c, hi = widen_rows, jax.lax.Precision.HIGHEST
+    c, hi = min(widen_rows, rows), jax.lax.Precision.HIGHEST
 
-    def block(i: Any) -> jax.Array:  # [m, c]
-        return jnp.matmul(flat, widened_rows(w, i * c, c, layer).T, precision=hi)
+    def block(start: Any, count: int) -> jax.Array:  # [m, count]
+        return jnp.matmul(flat, widened_rows(w, start, count, layer).T, precision=hi)
 
-    if c == rows:
-        return block(jnp.int32(0)).reshape(*lead, rows)
-    out = jax.lax.map(block, jnp.arange(rows // c, dtype=jnp.int32))  # [rows / c, m, c]
-    return jnp.moveaxis(out, 0, 1).reshape(*lead, rows)
+    n, rest = divmod(rows, c)
+    parts = []
+    if n == 1:
+        parts.append(block(jnp.int32(0), c))
+    elif n > 1:
+        out = jax.lax.map(lambda i: block(i * c, c), jnp.arange(n, dtype=jnp.int32))  # [n, m, c]
+        parts.append(jnp.moveaxis(out, 0, 1).reshape(flat.shape[0], n * c))
+    if rest:
+        parts.append(block(jnp.int32(n * c), rest))  # the last, smaller block
+    y = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
+    return y.reshape(*lead, rows)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -1033,14 +1033,20 @@ inline V widen16(const uint16_t* p) {
 #endif
 }
 
-// Weight rows per pass and independent sums per (weight row, activation row), by activation
-// rows: each widened value feeds MB products, and R rows a pass reuse each activation load R
-// times; C interleaved sums break the FMA latency chain where MB * R alone is short. At most 16
-// accumulators (AVX-512's 32 registers; AVX2 takes 1 or 2 activation rows a pass).
+// Weight rows per pass, by activation rows: each widened value feeds MB products, and R rows a
+// pass reuse each activation load R times; at most 16 accumulators (AVX-512's 32 registers;
+// AVX2 takes 1 or 2 activation rows a pass). Each (weight row, activation row) keeps kChains
+// interleaved sums whatever MB is, so a row's result does not depend on the rows multiplied
+// beside it (a sentence alone and in a batch give the same numbers).
+#if defined(__AVX512F__) && defined(__AVX512BW__)
 template <int MB>
-constexpr int kRowsPerPass = MB >= 8 ? 2 : (MB >= 4 ? 4 : 1);
+constexpr int kRowsPerPass = MB >= 8 ? 1 : (MB >= 4 ? 2 : 4);
+#else
 template <int MB>
-constexpr int kChains = MB >= 4 ? 1 : (MB == 2 ? 2 : 4);
+constexpr int kRowsPerPass = MB >= 2 ? 1 : 2;
+#endif
+template <int MB>
+constexpr int kChains = 2;
 
 // Rows [r, r + R) of a 16-bit weight (row-major, `cols` values each) times activation rows
 // [m0, m0 + MB). Each stream prefetches its own row kPrefetch bytes ahead, or where a row is
