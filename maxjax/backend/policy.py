@@ -469,9 +469,9 @@ class BackendPolicy:
         widened exactly (float32 ``x``, a 2-D bfloat16 or float16 ``w``, not :attr:`autocast`):
         the same values as the weight converted to float32 first, without converting it in
         memory where the kernel runs (see ``keep_16bit_weights``)."""
-        return (
-            not self.autocast and getattr(w, "ndim", 0) == 2 and x.dtype == jnp.float32 and w.dtype in (jnp.bfloat16, jnp.float16)
-        )
+        from maxjax.backend import kernels
+
+        return not self.autocast and getattr(w, "ndim", 0) == 2 and x.dtype == jnp.float32 and w.dtype in kernels.WIDENED_DTYPES
 
     def _widened_matmul_t(self, x: Any, w: Any) -> Any:
         """``x [..., in]`` float32 ``@ w [out, in].T`` bfloat16 or float16 in float32 arithmetic.

@@ -20,7 +20,7 @@ import numpy as np
 
 from maxjax.graph.quantization import to_layout
 from maxjax.graph.sharding import DeviceLayout
-from maxjax.graph.weights._host import aligned_empty
+from maxjax.graph.weights._host import _ALIGN, aligned_empty
 from maxjax.graph.weights.lazy import host_indexable
 
 __all__ = ["host_layout", "host_stack", "mapped_layout", "place_layers", "place_sharded", "placement_report", "read_block"]
@@ -130,7 +130,7 @@ def place_layers(values: Sequence[Any], target: Any, *, stacked: bool, transform
             host = transform(to_host_array(host))
         if in_place and encoding is None and isinstance(host, LazyTensor) and _on_cpu(target):
             view = host.in_place()
-            if view is not None and view.ctypes.data % 64 == 0:
+            if view is not None and view.ctypes.data % _ALIGN == 0:
                 return jax.device_put(view, target)  # adopted: the file's pages are the weight
         if isinstance(host, LazyTensor) or not isinstance(host, jax.Array):
             host = host_stack([host])[0]

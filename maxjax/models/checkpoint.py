@@ -35,17 +35,22 @@ def float_weights_dtype(stored: Any, dtype: DType, policy: Any = None, mesh: Any
         policy: the backend policy, platform or device (None: JAX's default backend's).
         mesh: the mesh the model runs on, or None.
     """
-    from maxjax.backend import policy_for
-
-    names = {_HALF_NAMES.get(str(s).lower(), str(s).lower()) for s in stored}
-    if dtype == DType.float32 and len(names) == 1 and mesh is None and policy_for(policy).keep_16bit_weights:
-        kept = {"bfloat16": DType.bfloat16, "float16": DType.float16}.get(names.pop())
-        if kept is not None:
-            return kept
+    kept = {_HALF_NAMES.get(str(s).lower()) for s in stored}
+    if len(kept) == 1 and None not in kept and _keeps_16bit(dtype, policy, mesh):
+        return kept.pop()
     return dtype
 
 
-_HALF_NAMES = {"bf16": "bfloat16", "f16": "float16"}
+#: a checkpoint's 16-bit float dtype names (NumPy-style and safetensors') -> DType
+_HALF_NAMES = {"bfloat16": DType.bfloat16, "bf16": DType.bfloat16, "float16": DType.float16, "f16": DType.float16}
+
+
+def _keeps_16bit(dtype: DType, policy: Any, mesh: Any) -> bool:
+    """Whether a model of activations ``dtype`` keeps 16-bit float weights as stored: a float32
+    model on one device, where the backend policy's ``keep_16bit_weights`` holds."""
+    from maxjax.backend import policy_for
+
+    return dtype == DType.float32 and mesh is None and policy_for(policy).keep_16bit_weights
 
 
 def kept_16bit_weights(state: dict[str, Any], policy: Any = None, mesh: Any = None, dtype: DType = DType.float32) -> dict[str, Any]:
@@ -54,10 +59,9 @@ def kept_16bit_weights(state: dict[str, Any], policy: Any = None, mesh: Any = No
     ``keep_16bit_weights`` holds on one device, else converted in their one copy out of the map:
     widened to float32 for a float32 model, to ``dtype`` for a 16-bit one (a bfloat16 model
     rounds F16 values to bfloat16, as it rounds a float32 Hugging Face file)."""
-    from maxjax.backend import policy_for
     from maxjax.models.llama.checks import cast_float_weight
 
-    keep = dtype == DType.float32 and mesh is None and policy_for(policy).keep_16bit_weights
+    keep = _keeps_16bit(dtype, policy, mesh)
     target = DType.float32 if dtype == DType.float32 else dtype
     return {
         k: wd if keep or getattr(wd, "dtype", None) not in HALF_DTYPES else cast_float_weight(wd, target) for k, wd in state.items()

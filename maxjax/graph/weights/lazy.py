@@ -110,8 +110,7 @@ class LazyTensor:
         if self.rows is not None:
             rows = self.rows[rows]
         out = np.array(self._stored()[(rows, *rest)], dtype=self.dtype)  # copies (and converts) only what is selected
-        with _LOCK:
-            _READ[self.mapped.path] = _READ.get(self.mapped.path, 0) + out.size * self.stored_dtype.itemsize
+        self._count_read(out.size * self.stored_dtype.itemsize)
         return out
 
     def read_into(self, out: np.ndarray) -> np.ndarray:
@@ -150,15 +149,18 @@ class LazyTensor:
         if self.rows is not None or self.dtype != self.stored_dtype:
             return None
         view = self._stored()
-        with _LOCK:
-            _READ[self.mapped.path] = _READ.get(self.mapped.path, 0) + view.nbytes
+        self._count_read(view.nbytes)
         return view
+
+    def _count_read(self, nbytes: int) -> None:
+        """Adds ``nbytes`` to this file's :func:`bytes_read`."""
+        with _LOCK:
+            _READ[self.mapped.path] = _READ.get(self.mapped.path, 0) + nbytes
 
     def done_reading(self) -> None:
         """Counts the tensor as read and drops the file's pages under it from this process's
         resident set (they stay in the page cache)."""
-        with _LOCK:
-            _READ[self.mapped.path] = _READ.get(self.mapped.path, 0) + int(np.prod(self.shape)) * self.stored_dtype.itemsize
+        self._count_read(int(np.prod(self.shape)) * self.stored_dtype.itemsize)
         self.mapped.release(self.offset, int(np.prod(self._stored_shape)) * self.stored_dtype.itemsize)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
