@@ -220,3 +220,35 @@ def test_a_fully_masked_row_gives_finite_values(platform):
         probs /= probs.sum(-1, keepdims=True)
         ref = np.einsum("ngk,nkd->ngd", probs, v[0, i][:, : p + 1]).reshape(h * d)
         np.testing.assert_allclose(out[i, 0], ref, rtol=1e-5, atol=1e-5)
+
+
+def _primitives(jaxpr, inside=False, found=None):
+    """``{(primitive name, inside a scan)}`` of a jaxpr and every jaxpr nested in it."""
+    found = set() if found is None else found
+    for eqn in jaxpr.eqns:
+        found.add((eqn.primitive.name, inside))
+        for sub in jax.core.jaxprs_in_params(eqn.params):
+            _primitives(sub, inside or eqn.primitive.name == "scan", found)
+    return found
+
+
+def test_whole_sequences_attend_over_their_own_keys_without_a_cache(model):
+    """``model(tokens)`` (training, scoring) runs every layer over the sequence's own keys and
+    values: the logits of every position match the float64 reference and a cached prefill of
+    the same tokens; the program writes no cache (no scatter) and its scanned layer computes no
+    sine or cosine (one rope table for every layer, computed before the scan)."""
+    m, sd = model
+    toks = np.random.default_rng(2).integers(0, CFG.vocab_size, (2, 9)).astype(np.int32)
+    ref = reference_logits(sd, toks)
+    prog = Program(Graph("whole", forward=m, input_types=[TensorType(DType.int32, ["batch", "seq"])]))
+    assert len(prog.chains) == 1 and len(prog.chains[0].nodes) == 3
+    state = prog.prepare(m.state_dict())
+    whole = np.asarray(jax.jit(prog.apply)(state, toks)[0])
+    np.testing.assert_allclose(whole, ref, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(m(toks)), ref, atol=2e-5)  # eager
+    pos = np.broadcast_to(np.arange(9, dtype=np.int32), (2, 9))
+    cached, _, _ = m(toks, pos, *_caches(2))
+    np.testing.assert_allclose(whole, np.asarray(cached), atol=1e-5)
+    prims = _primitives(jax.make_jaxpr(prog.apply)(state, toks).jaxpr)
+    assert not any(name.startswith("scatter") for name, _ in prims)
+    assert ("sin", False) in prims and ("sin", True) not in prims and ("cos", True) not in prims

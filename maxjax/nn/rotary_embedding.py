@@ -127,15 +127,38 @@ class RotaryEmbedding(Module):
         """The attention scale: ``user_scale``, or ``1 / sqrt(head_dim)``."""
         return user_scale if user_scale is not None else math.sqrt(1.0 / self.head_dim)
 
-    def rotate(self, x: Any, positions: Any) -> Any:
+    def rotate(self, x: Any, positions: Any, freqs_cis: Any = None) -> Any:
         """``x [..., n_heads, head_dim]`` rotated at integer ``positions`` (broadcastable to
-        ``x.shape[:-2]``), in float32; returns x's dtype. Equal to applying ``freqs_cis`` rows."""
-        angles = self._angles(ops.cast(positions, DType.float32), ops)  # [*positions, head_dim // 2]
+        ``x.shape[:-2]``), in float32; returns x's dtype. Equal to applying ``freqs_cis`` rows.
+
+        Without ``freqs_cis`` the angles are computed here (any position, no table); with it (MAX's
+        table ``[positions, head_dim]`` of ``cos_i, sin_i`` pairs, or ``[positions, head_dim // 2,
+        2]``, holding every position asked for) its rows at ``positions`` are read: no sine or
+        cosine in the program, what a caller that rotates many tensors at the same positions
+        wants (positions past the table are clamped to its last row)."""
+        if freqs_cis is None:
+            cos, sin = self._cos_sin(positions)
+        else:
+            table = ops.reshape(freqs_cis, [freqs_cis.shape[0], self.head_dim // 2, 2])
+            rows = ops.gather(table, ops.cast(positions, DType.int32), axis=0)  # [*positions, head_dim // 2, 2]
+            cos, sin = rows[..., 0], rows[..., 1]
+        return self._apply(x, ops.unsqueeze(cos, -2), ops.unsqueeze(sin, -2))  # broadcast over heads
+
+    def _cos_sin(self, positions: Any) -> tuple[Any, Any]:
+        """float32 ``(cos, sin)``, each ``[*positions.shape, head_dim // 2]``, at integer positions."""
+        angles = self._angles(ops.cast(positions, DType.float32), ops)
         cos, sin = ops.cos(angles), ops.sin(angles)
         if self.attention_factor() != 1.0:
             f = literal_constant(self.attention_factor(), DType.float32)
             cos, sin = cos * f, sin * f
-        return self._apply(x, ops.unsqueeze(cos, -2), ops.unsqueeze(sin, -2))  # broadcast over heads
+        return cos, sin
+
+    def table_rows(self, n: Any) -> Any:
+        """MAX's ``freqs_cis`` rows at positions ``0 .. n - 1``, float32 ``[n, head_dim]``
+        (``cos_i, sin_i`` pairs), computed in the program with :meth:`rotate`'s arithmetic: no
+        table constant, any ``n`` (symbolic too)."""
+        cos, sin = self._cos_sin(ops.range(0, n, 1, dtype=DType.int32))  # [n, head_dim // 2]
+        return ops.reshape(ops.stack([cos, sin], axis=-1), [n, self.head_dim])
 
     def _apply(self, x: Any, cos: Any, sin: Any) -> Any:
         half = self.head_dim // 2

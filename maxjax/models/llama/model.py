@@ -29,9 +29,18 @@ class LlamaDecoderLayer(TransformerBlock):
     ``__call__(x, k_cache, v_cache, layer_idx, positions) -> (out, k_cache, v_cache)``:
         x ``[batch, seq, hidden]``; caches as :class:`~maxjax.nn.kv_cache.DenseKVCacheValues`;
         layer_idx a scalar int32; positions int32 ``[batch, seq]``.
+    ``__call__(x, positions, freqs_cis) -> (out,)``: whole sequences over their own keys and
+        values, no cache (training and scoring); freqs_cis float32 ``[positions, head_dim]``, MAX's
+        rope table, read at ``positions``.
+
+    Either way the first output is the block's hidden states (what a layer hook reads as ``out[0]``).
     """
 
-    def __call__(self, x: Any, k_cache: Any, v_cache: Any, layer_idx: Any, positions: Any) -> tuple[Any, Any, Any]:
+    def __call__(self, x: Any, *args: Any) -> Any:
+        if len(args) == 2:
+            positions, freqs_cis = args
+            return (self._forward(None, x, DenseKVCacheValues(None, None, positions), freqs_cis, None),)
+        k_cache, v_cache, layer_idx, positions = args
         cache = DenseKVCacheValues(k_cache, v_cache, positions)
         out = self._forward(layer_idx, x, cache, None, None)
         return out, cache.k_cache, cache.v_cache
@@ -56,8 +65,7 @@ class LlamaForCausalLM(Module):
         whole sequences from position 0, no cache kept: returns ``logits float32 [batch, seq,
         vocab]``, where position ``t`` scores token ``t + 1``; so a next-token loss is
         ``cross_entropy(logits[:, :-1], tokens[:, 1:])``. The layers still run as one scanned
-        subgraph (they share a one-layer scratch cache: each layer writes every position before
-        it reads).
+        subgraph, each attending over the sequence's own keys and values (no cache is built).
 
     ``return_hidden_states=True`` (either form) also returns the final hidden states, float
     ``[batch, seq, hidden]`` after the final norm (what the head reads; Hugging Face's
@@ -143,25 +151,26 @@ class LlamaForCausalLM(Module):
         h = self.embed_tokens(tokens)
         if h.dtype != self.dtype:
             h = ops.cast(h, self.dtype)
-        if whole:  # one scratch cache slot shared by every layer; positions 0..seq-1
+        if whole:  # positions 0..seq-1; each layer attends over the sequence's own keys and values
             batch, seq = tokens.shape[0], tokens.shape[1]
-            kv, d = self.kv_cache_heads, self.layers[0].self_attn.head_dim
             positions = ops.broadcast_to(ops.unsqueeze(ops.range(0, seq, 1, dtype=DType.int32), 0), [batch, seq])
-            zero = literal_constant(0, self.dtype)
-            k_cache = ops.broadcast_to(zero, [1, batch, kv, d, seq])
-            v_cache = ops.broadcast_to(zero, [1, batch, kv, seq, d])
-            layer_idx = [literal_constant(0, DType.int32)] * len(self.layers)
-        else:
-            layer_idx = [literal_constant(i, DType.int32) for i in range(len(self.layers))]
-        block = self.layers[0].build_subgraph(
-            "decoder_layer",
-            [h.type, k_cache.type, v_cache.type, layer_idx[0].type, positions.type],
-            weight_prefix="layers.0.",
-        )
-        for i in range(len(self.layers)):
-            h, k_cache, v_cache = (
-                v.tensor for v in ops.call(block, h, k_cache, v_cache, layer_idx[i], positions, prefix=f"layers.{i}.")
+            freqs = self.layers[0].self_attn.rope.table_rows(seq)  # [seq, head_dim]: one table for every layer
+            block = self.layers[0].build_subgraph(
+                "decoder_layer_whole", [h.type, positions.type, freqs.type], weight_prefix="layers.0."
             )
+            for i in range(len(self.layers)):
+                h = ops.call(block, h, positions, freqs, prefix=f"layers.{i}.")[0].tensor
+        else:
+            block = self.layers[0].build_subgraph(
+                "decoder_layer",
+                [h.type, k_cache.type, v_cache.type, literal_constant(0, DType.int32).type, positions.type],
+                weight_prefix="layers.0.",
+            )
+            for i in range(len(self.layers)):
+                layer_idx = literal_constant(i, DType.int32)
+                h, k_cache, v_cache = (
+                    v.tensor for v in ops.call(block, h, k_cache, v_cache, layer_idx, positions, prefix=f"layers.{i}.")
+                )
         h = self.norm(h)
         if last_index is not None:
             last = ops.gather_nd(h, ops.unsqueeze(ops.cast(last_index, DType.int32), -1), batch_dims=1)  # [batch, hidden]

@@ -98,7 +98,34 @@ def _causal_gqa(q: Any, k_cache: Any, v_cache: Any, layer: Any, positions: Any, 
 
 
 def _attend(q: Any, k_cache: Any, v_cache: Any, layer: Any, positions: Any, *, window: Any, scale: float, policy: Any) -> Any:
-    """:func:`_causal_gqa` over the first ``window`` cache positions.
+    """:func:`_causal_gqa` over the first ``window`` cache positions."""
+    layer = jnp.asarray(layer, jnp.int32)
+    keys = jax.lax.dynamic_index_in_dim(k_cache, layer, 0, keepdims=False)[..., :window]  # [b, kv, d, window]
+    values = jax.lax.dynamic_index_in_dim(v_cache, layer, 0, keepdims=False)[:, :, :window]  # [b, kv, window, d]
+    visible = positions.astype(jnp.int32)[:, :, None] >= jnp.arange(window, dtype=jnp.int32)  # [b, s, window]
+    return _gqa(q, keys.astype(q.dtype), values.astype(q.dtype), visible, scale=scale, policy=policy)
+
+
+@op_traits(uses_policy=True)
+def _self_causal_gqa(q: Any, k: Any, v: Any, positions: Any, *, scale: float, policy: Any) -> Any:
+    """Causal grouped-query attention of whole sequences over their own keys and values, no cache
+    (training and scoring; one op of its own).
+
+    q ``[batch, seq, h, d]``; k, v ``[batch, seq, kv, d]``; positions int ``[batch, seq]``. Key
+    ``j`` is visible to query ``i`` of the same row when ``positions[j] <= positions[i]``. Returns
+    ``[batch, seq, h * d]``: the same as writing k and v into a cache at ``positions`` and calling
+    :func:`_causal_gqa`, without the cache's writes and reads.
+    """
+    keys = jnp.transpose(k, (0, 2, 3, 1))  # [b, kv, d, seq]: the cache's key layout
+    values = jnp.transpose(v, (0, 2, 1, 3))  # [b, kv, seq, d]
+    p = positions.astype(jnp.int32)
+    visible = p[:, :, None] >= p[:, None, :]  # [b, seq (queries), seq (keys)]
+    return _gqa(q, keys, values, visible, scale=scale, policy=policy)
+
+
+def _gqa(q: Any, keys: Any, values: Any, visible: Any, *, scale: float, policy: Any) -> Any:
+    """Grouped-query attention of q ``[b, s, h, d]`` over keys ``[b, kv, d, t]`` and values ``[b,
+    kv, t, d]`` where ``visible [b, s, t]``; returns ``[b, s, h * d]``.
 
     Two layouts of the same arithmetic; the backend policy picks one
     (``policy.attention_grouped``): the query heads grouped per KV head, so the KV cache is read
@@ -106,25 +133,20 @@ def _attend(q: Any, k_cache: Any, v_cache: Any, layer: Any, positions: Any, *, w
     the output's heads contiguously ``[h, d]``.
     """
     b, s, h, d = q.shape
-    kv = k_cache.shape[2]
+    kv = keys.shape[1]
     g = h // kv
-    layer = jnp.asarray(layer, jnp.int32)
-    keys = jax.lax.dynamic_index_in_dim(k_cache, layer, 0, keepdims=False)[..., :window]  # [b, kv, d, window]
-    keys = keys.astype(q.dtype)
-    values = jax.lax.dynamic_index_in_dim(v_cache, layer, 0, keepdims=False)[:, :, :window].astype(q.dtype)
-    visible = positions.astype(jnp.int32)[:, :, None] >= jnp.arange(window, dtype=jnp.int32)  # [b, s, window]
     if not policy.attention_grouped(b, s, g):
         if g > 1:
             keys, values = jnp.repeat(keys, g, axis=1), jnp.repeat(values, g, axis=1)
         qh = jnp.transpose(q, (0, 2, 1, 3))  # [b, h, s, d]
-        scores = policy.matmul(qh, keys) * scale  # [b, h, s, window]
+        scores = policy.matmul(qh, keys) * scale  # [b, h, s, t]
         scores = jnp.where(visible[:, None], scores.astype(jnp.float32), MASKED)
         probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
         ctx = jnp.transpose(policy.matmul(probs, values), (0, 2, 1, 3))  # [b, s, h, d]
     elif s == 1:
         # one query token per row: the query heads of a KV head form the rows of its dots,
-        # [b, kv, g, d] x [b, kv, d, window] -> [b, kv, g, window] (both operands in their
-        # stored layout; a [.., window, g] order made XLA:CPU copy the cache and run a slow dot)
+        # [b, kv, g, d] x [b, kv, d, t] -> [b, kv, g, t] (both operands in their stored layout; a
+        # [.., t, g] order made XLA:CPU copy the cache and run a slow dot)
         qg = q.reshape(b, kv, g, d)
         scores = policy.einsum("bngd,bndk->bngk", qg, keys) * scale
         scores = jnp.where(visible[:, :, None], scores.astype(jnp.float32), MASKED)
@@ -132,7 +154,7 @@ def _attend(q: Any, k_cache: Any, v_cache: Any, layer: Any, positions: Any, *, w
         ctx = policy.einsum("bngk,bnkd->bngd", probs, values)
     else:
         qg = q.reshape(b, s, kv, g, d)
-        scores = policy.einsum("bsngd,bndk->bngsk", qg, keys) * scale  # [b, kv, g, s, window]
+        scores = policy.einsum("bsngd,bndk->bngsk", qg, keys) * scale  # [b, kv, g, s, t]
         scores = jnp.where(visible[:, None, None], scores.astype(jnp.float32), MASKED)
         probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
         ctx = policy.einsum("bngsk,bnkd->bsngd", probs, values)
@@ -171,6 +193,10 @@ class AttentionWithRope(Module):
         ``kv_collection.kv_blocks``.
         dense: ``x [batch, seq, hidden]``; returns ``[batch, seq, hidden]`` and rebinds
         ``kv_collection.k_cache``/``v_cache`` (``freqs_cis``, ``input_row_offsets`` must be None).
+        A dense collection without caches (``k_cache`` and ``v_cache`` None) runs whole sequences
+        over their own keys and values (training, scoring): nothing is written; there
+        ``freqs_cis`` (MAX's table, rows read at the positions) may be given, so that a chain of
+        layers shares one table instead of each computing its angles.
 
     Raises:
         ValueError: heads that do not group, ``stacked_qkv`` with ``has_bias``.
@@ -375,14 +401,15 @@ class AttentionWithRope(Module):
                 raise ValueError("AttentionWithRope: a paged kv_collection needs input_row_offsets (a ragged batch)")
             return self._ragged(layer_idx, x, kv_collection, freqs_cis, input_row_offsets)
         if isinstance(kv_collection, DenseKVCacheValues):
-            if freqs_cis is not None or input_row_offsets is not None:
+            cached = kv_collection.k_cache is not None
+            if (cached and freqs_cis is not None) or input_row_offsets is not None:
                 raise ValueError(
                     "AttentionWithRope: the dense cache takes a padded batch x [batch, seq, hidden] and the rope's own "
                     "frequencies; pass freqs_cis=None and input_row_offsets=None"
                 )
             if self.sliding_window is not None:
                 raise NotImplementedError("AttentionWithRope(sliding_window=...): supported on the paged cache only")
-            return self._dense(layer_idx, x, kv_collection)
+            return self._dense(layer_idx, x, kv_collection, freqs_cis)
         raise TypeError(
             f"AttentionWithRope: kv_collection must be a KVCacheInputsPerDevice (paged, MAX's) or a DenseKVCacheValues, "
             f"got {type(kv_collection).__name__}"
@@ -407,13 +434,16 @@ class AttentionWithRope(Module):
         )  # fmt: skip  [total, h, d]
         return self.o_proj(ops.reshape(ctx, [total, q.shape[1] * self.head_dim]))
 
-    def _dense(self, layer_idx: Any, x: Any, cache: DenseKVCacheValues) -> Any:
+    def _dense(self, layer_idx: Any, x: Any, cache: DenseKVCacheValues, freqs_cis: Any = None) -> Any:
         batch, seq = x.shape[0], x.shape[1]
         q, k, v = self._qkv(x, [batch, seq])  # [batch, seq, h | kv, d]
         kv, d = k.shape[2], self.head_dim
         positions = cache.positions
-        q = self.rope.rotate(q, positions)
-        k = self.rope.rotate(k, positions)
+        q = self.rope.rotate(q, positions, freqs_cis)
+        k = self.rope.rotate(k, positions, freqs_cis)
+        if cache.k_cache is None:  # whole sequences attending to themselves: no cache to write
+            ctx = ops.apply(_self_causal_gqa, q, k, v, positions, _name="self_causal_gqa", scale=float(self.scale))
+            return self.o_proj(ctx)  # [batch, seq, hidden]
         k_cache, v_cache = read_cache(cache.k_cache), read_cache(cache.v_cache)
 
         # write this layer's new values at (layer, b, kv head, position) and its keys, one channel

@@ -103,6 +103,10 @@ class DenseKVCacheValues:
         k_cache: float ``[n_layers, batch, n_kv_heads, head_dim, max_seq]``.
         v_cache: float ``[n_layers, batch, n_kv_heads, max_seq, head_dim]``.
         positions: int32 ``[batch, seq]``, the position of each token run in this step.
+
+    With ``k_cache`` and ``v_cache`` None, attention runs the step's whole sequences over their own
+    keys and values (training, scoring: key ``j`` visible to query ``i`` of a row when its position
+    is not later) and keeps nothing.
     """
 
     k_cache: Any
