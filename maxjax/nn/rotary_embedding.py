@@ -135,12 +135,16 @@ class RotaryEmbedding(Module):
         table ``[positions, head_dim]`` of ``cos_i, sin_i`` pairs, or ``[positions, head_dim // 2,
         2]``, holding every position asked for) its rows at ``positions`` are read: no sine or
         cosine in the program, what a caller that rotates many tensors at the same positions
-        wants (positions past the table are clamped to its last row)."""
+        wants (positions past the table are clamped to its last row). ``positions=None`` (with
+        ``freqs_cis``) means ``0 .. seq - 1`` along ``x``'s axis -3, read as the table's first rows."""
         if freqs_cis is None:
             cos, sin = self._cos_sin(positions)
         else:
             table = ops.reshape(freqs_cis, [freqs_cis.shape[0], self.head_dim // 2, 2])
-            rows = ops.gather(table, ops.cast(positions, DType.int32), axis=0)  # [*positions, head_dim // 2, 2]
+            if positions is None:
+                rows = table[: x.shape[-3]]  # [seq, head_dim // 2, 2]
+            else:
+                rows = ops.gather(table, ops.cast(positions, DType.int32), axis=0)  # [*positions, head_dim // 2, 2]
             cos, sin = rows[..., 0], rows[..., 1]
         return self._apply(x, ops.unsqueeze(cos, -2), ops.unsqueeze(sin, -2))  # broadcast over heads
 

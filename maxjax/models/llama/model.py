@@ -29,17 +29,16 @@ class LlamaDecoderLayer(TransformerBlock):
     ``__call__(x, k_cache, v_cache, layer_idx, positions) -> (out, k_cache, v_cache)``:
         x ``[batch, seq, hidden]``; caches as :class:`~maxjax.nn.kv_cache.DenseKVCacheValues`;
         layer_idx a scalar int32; positions int32 ``[batch, seq]``.
-    ``__call__(x, positions, freqs_cis) -> (out,)``: whole sequences over their own keys and
-        values, no cache (training and scoring); freqs_cis float32 ``[positions, head_dim]``, MAX's
-        rope table, read at ``positions``.
+    ``__call__(x, freqs_cis) -> (out,)``: whole sequences at positions ``0 .. seq - 1`` over their
+        own keys and values, no cache (training and scoring); freqs_cis float32 ``[seq,
+        head_dim]``, MAX's rope table rows of those positions.
 
     Either way the first output is the block's hidden states (what a layer hook reads as ``out[0]``).
     """
 
     def __call__(self, x: Any, *args: Any) -> Any:
-        if len(args) == 2:
-            positions, freqs_cis = args
-            return (self._forward(None, x, DenseKVCacheValues(None, None, positions), freqs_cis, None),)
+        if len(args) == 1:
+            return (self._forward(None, x, DenseKVCacheValues(None, None, None), args[0], None),)
         k_cache, v_cache, layer_idx, positions = args
         cache = DenseKVCacheValues(k_cache, v_cache, positions)
         out = self._forward(layer_idx, x, cache, None, None)
@@ -152,14 +151,10 @@ class LlamaForCausalLM(Module):
         if h.dtype != self.dtype:
             h = ops.cast(h, self.dtype)
         if whole:  # positions 0..seq-1; each layer attends over the sequence's own keys and values
-            batch, seq = tokens.shape[0], tokens.shape[1]
-            positions = ops.broadcast_to(ops.unsqueeze(ops.range(0, seq, 1, dtype=DType.int32), 0), [batch, seq])
-            freqs = self.layers[0].self_attn.rope.table_rows(seq)  # [seq, head_dim]: one table for every layer
-            block = self.layers[0].build_subgraph(
-                "decoder_layer_whole", [h.type, positions.type, freqs.type], weight_prefix="layers.0."
-            )
+            freqs = self.layers[0].self_attn.rope.table_rows(tokens.shape[1])  # [seq, head_dim]: one table for every layer
+            block = self.layers[0].build_subgraph("decoder_layer_whole", [h.type, freqs.type], weight_prefix="layers.0.")
             for i in range(len(self.layers)):
-                h = ops.call(block, h, positions, freqs, prefix=f"layers.{i}.")[0].tensor
+                h = ops.call(block, h, freqs, prefix=f"layers.{i}.")[0].tensor
         else:
             block = self.layers[0].build_subgraph(
                 "decoder_layer",

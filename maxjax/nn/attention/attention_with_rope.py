@@ -111,15 +111,20 @@ def _self_causal_gqa(q: Any, k: Any, v: Any, positions: Any, *, scale: float, po
     """Causal grouped-query attention of whole sequences over their own keys and values, no cache
     (training and scoring; one op of its own).
 
-    q ``[batch, seq, h, d]``; k, v ``[batch, seq, kv, d]``; positions int ``[batch, seq]``. Key
-    ``j`` is visible to query ``i`` of the same row when ``positions[j] <= positions[i]``. Returns
-    ``[batch, seq, h * d]``: the same as writing k and v into a cache at ``positions`` and calling
-    :func:`_causal_gqa`, without the cache's writes and reads.
+    q ``[batch, seq, h, d]``; k, v ``[batch, seq, kv, d]``; positions int ``[batch, seq]``, or None
+    for ``0 .. seq - 1`` in every row. Key ``j`` is visible to query ``i`` of the same row when
+    ``positions[j] <= positions[i]``. Returns ``[batch, seq, h * d]``: the same as writing k and
+    v into a cache at ``positions`` and calling :func:`_causal_gqa`, without the cache's writes
+    and reads.
     """
     keys = jnp.transpose(k, (0, 2, 3, 1))  # [b, kv, d, seq]: the cache's key layout
     values = jnp.transpose(v, (0, 2, 1, 3))  # [b, kv, seq, d]
-    p = positions.astype(jnp.int32)
-    visible = p[:, :, None] >= p[:, None, :]  # [b, seq (queries), seq (keys)]
+    if positions is None:
+        i = jnp.arange(q.shape[1], dtype=jnp.int32)
+        visible = jnp.broadcast_to(i[:, None] >= i[None, :], (q.shape[0], q.shape[1], q.shape[1]))
+    else:
+        p = positions.astype(jnp.int32)
+        visible = p[:, :, None] >= p[:, None, :]  # [b, seq (queries), seq (keys)]
     return _gqa(q, keys, values, visible, scale=scale, policy=policy)
 
 
@@ -196,7 +201,8 @@ class AttentionWithRope(Module):
         A dense collection without caches (``k_cache`` and ``v_cache`` None) runs whole sequences
         over their own keys and values (training, scoring): nothing is written; there
         ``freqs_cis`` (MAX's table, rows read at the positions) may be given, so that a chain of
-        layers shares one table instead of each computing its angles.
+        layers shares one table instead of each computing its angles, and ``positions`` may be
+        None: ``0 .. seq - 1`` in every row, the table's first rows.
 
     Raises:
         ValueError: heads that do not group, ``stacked_qkv`` with ``has_bias``.
@@ -442,7 +448,9 @@ class AttentionWithRope(Module):
         q = self.rope.rotate(q, positions, freqs_cis)
         k = self.rope.rotate(k, positions, freqs_cis)
         if cache.k_cache is None:  # whole sequences attending to themselves: no cache to write
-            ctx = ops.apply(_self_causal_gqa, q, k, v, positions, _name="self_causal_gqa", scale=float(self.scale))
+            ctx = ops.apply(
+                _self_causal_gqa, q, k, v, positions, _name="self_causal_gqa", scale=float(self.scale)
+            )  # [batch, seq, h * d]
             return self.o_proj(ctx)  # [batch, seq, hidden]
         k_cache, v_cache = read_cache(cache.k_cache), read_cache(cache.v_cache)
 

@@ -106,7 +106,8 @@ class DenseKVCacheValues:
 
     With ``k_cache`` and ``v_cache`` None, attention runs the step's whole sequences over their own
     keys and values (training, scoring: key ``j`` visible to query ``i`` of a row when its position
-    is not later) and keeps nothing.
+    is not later) and keeps nothing; there ``positions`` may be None, for ``0 .. seq - 1`` in
+    every row.
     """
 
     k_cache: Any
