@@ -495,7 +495,7 @@ class BackendPolicy:
         the kernel takes, a kernel that builds here."""
         from maxjax.backend import kernels
 
-        if self.platform != "cpu" or not (isinstance(lead, (int, np.integer)) and 0 < lead <= self.widened_kernel_max_rows):
+        if self.platform != "cpu" or not _rows_within(lead, self.widened_kernel_max_rows):
             return False
         return kernels.takes_widened(w) and kernels.available()
 
@@ -510,7 +510,7 @@ class BackendPolicy:
         rows in ``x`` runs in maxjax's CPU kernel (:mod:`maxjax.backend.kernels`): 1 to
         :attr:`native_matmul_max_rows` rows, a weight the kernel takes, and a kernel that builds
         here (the first call may compile it: a few seconds, once per machine)."""
-        if not (isinstance(lead, (int, np.integer)) and 0 < lead <= self.native_matmul_max_rows):
+        if not _rows_within(lead, self.native_matmul_max_rows):
             return False
         from maxjax.backend import kernels
 
@@ -548,6 +548,11 @@ class BackendPolicy:
         if self.grouped_attention == "decode":
             return seq == 1
         return seq == 1 and not batch == 1
+
+
+def _rows_within(lead: Any, most: int) -> bool:
+    """Whether ``lead``, an activation's row count, is known (not symbolic) and 1 to ``most``."""
+    return isinstance(lead, (int, np.integer)) and 0 < lead <= most
 
 
 def _amx_takes(x: Any, w: Any) -> bool:

@@ -64,12 +64,14 @@ def kept_16bit_weights(state: dict[str, Any], policy: Any = None, mesh: Any = No
     keep = _keeps_16bit(dtype, policy, mesh)
     target = DType.float32 if dtype == DType.float32 else dtype
     return {
-        k: wd if keep or getattr(wd, "dtype", None) not in HALF_DTYPES else cast_float_weight(wd, target) for k, wd in state.items()
+        k: wd if keep or not _is_half(getattr(wd, "dtype", None)) else cast_float_weight(wd, target) for k, wd in state.items()
     }
 
 
-#: the 16-bit float DTypes maxjax's kernel widens exactly (``keep_16bit_weights``)
-HALF_DTYPES = (DType.bfloat16, DType.float16)
+def _is_half(dtype: Any) -> bool:
+    """Whether ``dtype`` is a 16-bit float DType (bfloat16, float16: what maxjax's kernel widens
+    exactly, ``keep_16bit_weights``)."""
+    return isinstance(dtype, DType) and dtype.is_half()
 
 
 def open_gguf_checkpoint(path: str | os.PathLike[str], *, lazy: bool = False) -> tuple[Architecture, Any, Any]:
@@ -136,11 +138,11 @@ def build(arch: Architecture, config: Any, state: dict[str, Any], dtype: DType =
         module = arch.build(config, dtype)
         for name, weight in module.raw_state_dict().items():  # F16/BF16 matrices kept as in the file
             kept = getattr(state.get(name), "dtype", None)
-            if kept in HALF_DTYPES and weight.dtype != kept:
+            if _is_half(kept) and weight.dtype != kept:
                 weight.retype(None, kept, weight.shape)
     else:
         kept = {wd.dtype for wd in state.values()}  # see float_weights_dtype
-        module = arch.build(config, dtype, weights_dtype=kept.pop() if kept in ({DType.bfloat16}, {DType.float16}) else dtype)
+        module = arch.build(config, dtype, weights_dtype=kept.pop() if len(kept) == 1 and _is_half(next(iter(kept))) else dtype)
     module.load_state_dict(state, override_quantization_encoding=quantized, weight_alignment=1)
     return module
 

@@ -127,8 +127,7 @@ def _low_precision_trainables(raw: Mapping[str, Any], trainable: Any) -> list[st
     chosen = names if trainable is None else select(names, trainable)
     if any(raw[n].quantization_encoding is not None for n in chosen):
         return []  # a quantized weight selected: the Trainer refuses it, naming the fix (no silent dequantizing)
-    low = (DType.bfloat16, DType.float16)
-    return [n for n in chosen if raw[n].dtype in low]
+    return [n for n in chosen if raw[n].dtype.is_half()]
 
 
 def _chain_template(prefixes: list[str], c: int) -> str:

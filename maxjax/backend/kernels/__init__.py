@@ -441,11 +441,13 @@ def _widened_product_fwd(widen_rows: int, x: Any, w: Any, layer: Any) -> tuple[j
 
 
 def _widened_product_bwd(widen_rows: int, res: Any, g: Any) -> tuple[Any, Any, Any]:
+    from maxjax.backend.policy import _float32_cotangents
+
     x, w, layer = res  # g [..., rows]
     at = None if layer is None else jnp.clip(layer, 0, w.shape[0] - 1)
     wl = w if at is None else jax.lax.dynamic_index_in_dim(w, at, keepdims=False)  # [rows, cols]
-    dx = jnp.matmul(g, wl.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)  # [..., cols], w widened exactly
-    dwl = jnp.einsum("...r,...c->rc", g, x, precision=jax.lax.Precision.HIGHEST).astype(w.dtype)  # [rows, cols]
+    dx, dwl = _float32_cotangents(g, x, wl.astype(jnp.float32))  # [..., cols], [rows, cols]: w widened exactly
+    dwl = dwl.astype(w.dtype)
     dw = dwl if at is None else jax.lax.dynamic_update_index_in_dim(jnp.zeros_like(w), dwl, at, 0)
     return dx, dw, None
 
