@@ -252,3 +252,42 @@ def test_whole_sequences_attend_over_their_own_keys_without_a_cache(model):
     prims = _primitives(jax.make_jaxpr(prog.apply)(state, toks).jaxpr)
     assert not any(name.startswith("scatter") for name, _ in prims)
     assert ("sin", False) in prims and ("sin", True) not in prims and ("cos", True) not in prims
+
+
+def test_rotating_with_the_table_equals_computing_the_angles():
+    """``rotate(x, positions, freqs_cis)`` reads MAX's table at any positions (``positions=None``:
+    its first rows) and gives what computing the angles gives."""
+    rope = nn.RotaryEmbedding(32, 4, 10000.0, 64, head_dim=8, interleaved=False)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 5, 4, 8)).astype(np.float32)
+    pos = np.array([[7, 8, 9, 10, 11], [0, 30, 2, 99, 4]], np.int32)
+    computed = np.asarray(rope.rotate(x, pos))
+    np.testing.assert_allclose(np.asarray(rope.rotate(x, pos, rope.freqs_cis)), computed, atol=2e-6)
+    start = np.asarray(rope.rotate(x, np.broadcast_to(np.arange(5, dtype=np.int32), (2, 5))))
+    np.testing.assert_allclose(np.asarray(rope.rotate(x, None, rope.table_rows(5))), start, atol=2e-6)
+    np.testing.assert_allclose(np.asarray(rope.table_rows(5)), np.asarray(rope.freqs_cis)[:5], atol=2e-6)
+
+
+def test_self_attention_at_positions_equals_attending_over_a_cache_written_there():
+    """The cacheless op at given positions (a key visible to the queries of its row at the same or
+    later positions; here a row in shuffled order) is the cached op after writing the keys and
+    values at those positions."""
+    from maxjax.backend import policy_for
+    from maxjax.nn.attention.attention_with_rope import _causal_gqa, _self_causal_gqa
+
+    rng = np.random.default_rng(4)
+    b, s, h, kv, d, cache = 2, 6, 4, 2, 8, 16
+    q, k, v = (rng.standard_normal((b, s, n, d)).astype(np.float32) for n in (h, kv, kv))
+    pos = np.array([[2, 0, 1, 5, 3, 4], [0, 1, 2, 3, 4, 5]], np.int32)
+    kc, vc = np.zeros((1, b, kv, d, cache), np.float32), np.zeros((1, b, kv, cache, d), np.float32)
+    for i in range(b):
+        kc[0, i, :, :, pos[i]] = k[i]  # [s, kv, d] at (kv, d, position)
+        vc[0, i, :, pos[i]] = v[i]  # [s, kv, d] at (kv, position, d)
+    policy = policy_for("cpu")
+    cached = np.asarray(_causal_gqa(q, kc, vc, 0, pos, scale=0.3, policy=policy))
+    np.testing.assert_allclose(np.asarray(_self_causal_gqa(q, k, v, pos, scale=0.3, policy=policy)), cached, atol=1e-6)
+    start = np.broadcast_to(np.arange(s, dtype=np.int32), (b, s))
+    np.testing.assert_allclose(
+        np.asarray(_self_causal_gqa(q, k, v, None, scale=0.3, policy=policy)),
+        np.asarray(_self_causal_gqa(q, k, v, start, scale=0.3, policy=policy)), atol=0,
+    )  # fmt: skip

@@ -113,9 +113,10 @@ def _self_causal_gqa(q: Any, k: Any, v: Any, positions: Any, *, scale: float, po
 
     q ``[batch, seq, h, d]``; k, v ``[batch, seq, kv, d]``; positions int ``[batch, seq]``, or None
     for ``0 .. seq - 1`` in every row. Key ``j`` is visible to query ``i`` of the same row when
-    ``positions[j] <= positions[i]``. Returns ``[batch, seq, h * d]``: the same as writing k and
-    v into a cache at ``positions`` and calling :func:`_causal_gqa`, without the cache's writes
-    and reads.
+    ``positions[j] <= positions[i]``. Returns ``[batch, seq, h * d]``: where each row's positions
+    are ``0 .. seq - 1`` in any order, the same as writing k and v into an empty cache at
+    ``positions`` and calling :func:`_causal_gqa`, without the cache's writes and reads (a cache
+    also shows a query its empty slots at earlier positions; here only the row's own keys).
     """
     keys = jnp.transpose(k, (0, 2, 3, 1))  # [b, kv, d, seq]: the cache's key layout
     values = jnp.transpose(v, (0, 2, 1, 3))  # [b, kv, seq, d]
