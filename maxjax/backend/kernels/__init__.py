@@ -56,12 +56,16 @@ __all__ = [
 
 #: the kernels' C++ source
 SOURCE = Path(__file__).with_name("matvec.cc")
-#: every C++ source built into the library: the matmul kernels and the host layout conversions
-#: (:mod:`maxjax.backend.kernels.layouts`)
-SOURCES = (SOURCE, Path(__file__).with_name("layouts.cc"), Path(__file__).with_name("amx.cc"))
+#: every C++ source built into the library: the matmul kernels, the host layout conversions
+#: (:mod:`maxjax.backend.kernels.layouts`) and whole-sequence attention
+#: (:mod:`maxjax.backend.kernels.attention`)
+SOURCES = (SOURCE, Path(__file__).with_name("layouts.cc"), Path(__file__).with_name("amx.cc"), Path(__file__).with_name("attention.cc"))
 #: headers the sources include (part of the cached library's key)
 HEADERS = (Path(__file__).with_name("parallel.h"),)
-_TARGETS = ("maxjax_nibbles_matmul", "maxjax_unpacked_matmul", "maxjax_mapped_matmul", "maxjax_mapped_dequantize", "maxjax_widened_matmul", "maxjax_widened_rows")
+_TARGETS = (
+    "maxjax_nibbles_matmul", "maxjax_unpacked_matmul", "maxjax_mapped_matmul", "maxjax_mapped_dequantize", "maxjax_widened_matmul",
+    "maxjax_widened_rows", "maxjax_causal_attention", "maxjax_causal_attention_backward",
+)  # fmt: skip
 _MAPPED_KIND = {"Q4_0": 0, "Q8_0": 2}  # matvec.cc's Kind
 _LOCK = threading.Lock()  # one build and registration per process, whichever thread traces first
 

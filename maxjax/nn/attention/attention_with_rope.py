@@ -118,6 +118,10 @@ def _self_causal_gqa(q: Any, k: Any, v: Any, positions: Any, *, scale: float, po
     ``positions`` and calling :func:`_causal_gqa`, without the cache's writes and reads (a cache
     also shows a query its empty slots at earlier positions; here only the row's own keys).
     """
+    if positions is None and policy.attends_in_kernel(q, k, v):  # see BackendPolicy.attention_kernel
+        from maxjax.backend.kernels.attention import causal_attention
+
+        return causal_attention(q, k, v, scale).reshape(q.shape[0], q.shape[1], -1)  # [b, seq, h * d]
     keys = jnp.transpose(k, (0, 2, 3, 1))  # [b, kv, d, seq]: the cache's key layout
     values = jnp.transpose(v, (0, 2, 1, 3))  # [b, kv, seq, d]
     if positions is None:
