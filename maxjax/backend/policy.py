@@ -232,8 +232,9 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   training or scoring step's layers) run in maxjax's CPU kernel
   (:mod:`maxjax.backend.kernels.attention`, forward and backward) instead of XLA's batched
   products. SmolLM2 LoRA in bfloat16 (batch 4 x 128, 9 query over 3 KV heads, head_dim 64),
-  2-core Zen 5 EPYC, three pairs of processes run alternately: 0.77-0.79 s a step against
-  0.79-0.81 s; one layer's forward 0.86-0.89 ms against 1.2-1.4 ms, its backward about even).
+  2-core Zen 5 EPYC, three pairs of processes run alternately: 0.76-0.79 s a step against
+  0.84-0.87 s (one pair in a slow window of the machine: 0.92 against 0.86); one layer's forward
+  0.54 ms against 1.2-1.4 ms, forward and backward 1.73-1.79 ms against 2.45-2.50 ms).
   CPU where the kernels build, one device (a split batch or split weights: False, as the SPMD
   partitioner cannot split the kernel's custom call): True; GPU and TPU: False.
 - ``bfloat16_stack_bits``: a Trainer's frozen bfloat16 weight stacks go through the layer scan as

@@ -98,24 +98,26 @@ void transposed(const float* x, const Dims& n, int64_t row, int64_t head, float*
   }
 }
 
-// s[j] = scale * a . x_j for the first `count` rounded up to whole vectors, from xt [d, sp].
-inline void scores(const float* a, const float* xt, const Dims& n, int64_t count, float scale, float* s) {
+// Query rows run kRows at a time, so that each key (or value) vector loaded serves all of them.
+constexpr int kRows = 4;
+
+// s_r[j] = scale * a_r . x_j for r < kRows and j < count (rounded up to whole vectors), from
+// xt [d, sp].
+inline void scores(const float* const* a, const float* xt, const Dims& n, int64_t count, float scale, float* const* s) {
   const int64_t blocks = (count + kLanes - 1) / kLanes;
-  for (int64_t jb = 0; jb < blocks; jb += 2) {  // two vectors of keys at a time: two chains
-    vf s0{}, s1{};
-    const bool two = jb + 1 < blocks;
+  for (int64_t jb = 0; jb < blocks; ++jb) {
+    vf acc[kRows] = {};
+    const float* col = xt + jb * kLanes;
     for (int64_t c = 0; c < n.d; ++c) {
-      const float* row = xt + c * n.sp + jb * kLanes;
-      s0 += a[c] * load(row);
-      if (two) s1 += a[c] * load(row + kLanes);
+      const vf x = load(col + c * n.sp);
+      for (int r = 0; r < kRows; ++r) acc[r] += a[r][c] * x;
     }
-    store(s + jb * kLanes, s0 * scale);
-    if (two) store(s + (jb + 1) * kLanes, s1 * scale);
+    for (int r = 0; r < kRows; ++r) store(s[r] + jb * kLanes, acc[r] * scale);
   }
 }
 
-// p[j] = exp(p[j] - sub) for j <= i, 0 past i (to the end of i's last vector).
-inline void probabilities(float* p, int64_t i, float sub) {
+// p[j] = exp(p[j] - sub) for j <= i, 0 for i < j < sp.
+inline void probabilities(float* p, int64_t i, float sub, int64_t sp) {
   const int64_t blocks = i / kLanes + 1;
   for (int64_t jb = 0; jb < blocks; ++jb) {
     vf e = vexp(load(p + jb * kLanes) - sub);
@@ -123,7 +125,12 @@ inline void probabilities(float* p, int64_t i, float sub) {
       for (int64_t l = i % kLanes + 1; l < kLanes; ++l) e[l] = 0.0f;
     store(p + jb * kLanes, e);
   }
+  std::fill(p + blocks * kLanes, p + sp, 0.0f);
 }
+
+// The rows i0 .. i0 + kRows - 1 of a block, clamped to the last (a short last block repeats its
+// last row; its results are written once).
+inline int64_t row_of(int64_t i0, int r, int64_t s) { return std::min(i0 + r, s - 1); }
 
 ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
                    float scale, ffi::ResultBuffer<ffi::F32> o, ffi::ResultBuffer<ffi::F32> lse) {
@@ -133,30 +140,45 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ff
   const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
   float *op = o->typed_data(), *lp = lse->typed_data();
   parallel_for(pool, n.b * n.kv, n.b * n.h * n.s * n.s * n.d, [&](int64_t t0, int64_t t1) {
-    std::vector<float> kt(n.d * n.sp), s(n.sp);
-    vf acc[16];
+    std::vector<float> kt(n.d * n.sp), sm(kRows * n.sp);
+    vf acc[kRows][16];
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t row = t / n.kv, head = t % n.kv;
       transposed(kp, n, row, head, kt.data());
       for (int64_t qh = head * g; qh < (head + 1) * g; ++qh)
-        for (int64_t i = 0; i < n.s; ++i) {
-          const float* qi = qp + ((row * n.s + i) * n.h + qh) * n.d;
-          scores(qi, kt.data(), n, i + 1, scale, s.data());
-          float m = s[0];
-          for (int64_t j = 1; j <= i; ++j) m = std::max(m, s[j]);
-          probabilities(s.data(), i, m);
-          vf sum{};
-          for (int64_t jb = 0; jb <= i / kLanes; ++jb) sum += load(s.data() + jb * kLanes);
-          const float total = hsum(sum);
-          for (int64_t c = 0; c < vd; ++c) acc[c] = vf{};
-          for (int64_t j = 0; j <= i; ++j) {
-            const float* vj = vp + ((row * n.s + j) * n.kv + head) * n.d;
-            const float pj = s[j];
-            for (int64_t c = 0; c < vd; ++c) acc[c] += pj * load(vj + c * kLanes);
+        for (int64_t i0 = 0; i0 < n.s; i0 += kRows) {
+          const float* qi[kRows];
+          float* si[kRows];
+          float total[kRows], m[kRows];
+          for (int r = 0; r < kRows; ++r) {
+            qi[r] = qp + ((row * n.s + row_of(i0, r, n.s)) * n.h + qh) * n.d;
+            si[r] = sm.data() + r * n.sp;
           }
-          float* oi = op + ((row * n.s + i) * n.h + qh) * n.d;
-          for (int64_t c = 0; c < vd; ++c) store(oi + c * kLanes, acc[c] / total);
-          lp[(row * n.h + qh) * n.s + i] = m + std::log(total);
+          const int64_t last = row_of(i0, kRows - 1, n.s);
+          scores(qi, kt.data(), n, last + 1, scale, si);
+          for (int r = 0; r < kRows; ++r) {
+            const int64_t i = row_of(i0, r, n.s);
+            m[r] = si[r][0];
+            for (int64_t j = 1; j <= i; ++j) m[r] = std::max(m[r], si[r][j]);
+            probabilities(si[r], i, m[r], n.sp);
+            vf sum{};
+            for (int64_t jb = 0; jb <= i / kLanes; ++jb) sum += load(si[r] + jb * kLanes);
+            total[r] = hsum(sum);
+            for (int64_t c = 0; c < vd; ++c) acc[r][c] = vf{};
+          }
+          for (int64_t j = 0; j <= last; ++j) {
+            const float* vj = vp + ((row * n.s + j) * n.kv + head) * n.d;
+            for (int64_t c = 0; c < vd; ++c) {
+              const vf x = load(vj + c * kLanes);
+              for (int r = 0; r < kRows; ++r) acc[r][c] += si[r][j] * x;
+            }
+          }
+          for (int r = 0; r < kRows && i0 + r < n.s; ++r) {
+            const int64_t i = i0 + r;
+            float* oi = op + ((row * n.s + i) * n.h + qh) * n.d;
+            for (int64_t c = 0; c < vd; ++c) store(oi + c * kLanes, acc[r][c] / total[r]);
+            lp[(row * n.h + qh) * n.s + i] = m[r] + std::log(total[r]);
+          }
         }
     }
   });
@@ -173,9 +195,9 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<f
   const float *lp = lse.typed_data(), *dop = dout.typed_data();
   float *dqp = dq->typed_data(), *dkp = dk->typed_data(), *dvp = dv->typed_data();
   parallel_for(pool, n.b * n.kv, 2 * n.b * n.h * n.s * n.s * n.d, [&](int64_t t0, int64_t t1) {
-    // per query head: its probabilities P and score cotangents dS [s, sp] (rows i, keys j <= i)
+    // per query head: its probabilities P and score cotangents dS [s, sp] (rows i, keys j <= i, 0 past i)
     std::vector<float> kt(n.d * n.sp), vt(n.d * n.sp), pm(n.s * n.sp), dsm(n.s * n.sp), dks(n.s * n.d), dvs(n.s * n.d);
-    vf acc[16], acc2[16];
+    vf acc[kRows][16];
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t row = t / n.kv, head = t % n.kv;
       transposed(kp, n, row, head, kt.data());
@@ -183,44 +205,65 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<f
       std::fill(dks.begin(), dks.end(), 0.0f);  // dk, dv of this KV head [s, d], summed over the group
       std::fill(dvs.begin(), dvs.end(), 0.0f);
       for (int64_t qh = head * g; qh < (head + 1) * g; ++qh) {
-        for (int64_t i = 0; i < n.s; ++i) {  // P and dS row by row; dq_i = sum_j ds_ij k_j
-          const int64_t at = ((row * n.s + i) * n.h + qh) * n.d;
-          const float *qi = qp + at, *oi = opp + at, *doi = dop + at;
-          float *pi = pm.data() + i * n.sp, *dsi = dsm.data() + i * n.sp;
-          scores(qi, kt.data(), n, i + 1, scale, pi);
-          probabilities(pi, i, lp[(row * n.h + qh) * n.s + i]);
-          scores(doi, vt.data(), n, i + 1, 1.0f, dsi);  // do_i . v_j
-          vf dot{};
-          for (int64_t c = 0; c < vd; ++c) {
-            dot += load(doi + c * kLanes) * load(oi + c * kLanes);
-            acc[c] = vf{};
+        for (int64_t i0 = 0; i0 < n.s; i0 += kRows) {  // P and dS, kRows rows at a time; dq_i = sum_j ds_ij k_j
+          const float *qi[kRows], *doi[kRows];
+          float *pi[kRows], *dsi[kRows];
+          const int64_t last = row_of(i0, kRows - 1, n.s);
+          for (int r = 0; r < kRows; ++r) {
+            const int64_t at = ((row * n.s + row_of(i0, r, n.s)) * n.h + qh) * n.d;
+            qi[r] = qp + at;
+            doi[r] = dop + at;
+            pi[r] = pm.data() + row_of(i0, r, n.s) * n.sp;
+            dsi[r] = dsm.data() + row_of(i0, r, n.s) * n.sp;
           }
-          const float di = hsum(dot);
-          for (int64_t jb = 0; jb <= i / kLanes; ++jb) {
-            float* d = dsi + jb * kLanes;
-            store(d, load(pi + jb * kLanes) * (load(d) - di) * scale);
-          }
-          for (int64_t j = 0; j <= i; ++j) {
-            const float* kj = kp + ((row * n.s + j) * n.kv + head) * n.d;
-            const float a = dsi[j];
-            for (int64_t c = 0; c < vd; ++c) acc[c] += a * load(kj + c * kLanes);
-          }
-          for (int64_t c = 0; c < vd; ++c) store(dqp + at + c * kLanes, acc[c]);
-        }
-        for (int64_t j = 0; j < n.s; ++j) {  // dk_j = sum_i ds_ij q_i, dv_j = sum_i p_ij do_i (i >= j)
-          for (int64_t c = 0; c < vd; ++c) acc[c] = acc2[c] = vf{};
-          for (int64_t i = j; i < n.s; ++i) {
-            const int64_t at = ((row * n.s + i) * n.h + qh) * n.d;
-            const float a = dsm[i * n.sp + j], b = pm[i * n.sp + j];
-            for (int64_t c = 0; c < vd; ++c) {
-              acc[c] += a * load(qp + at + c * kLanes);
-              acc2[c] += b * load(dop + at + c * kLanes);
+          scores(qi, kt.data(), n, last + 1, scale, pi);
+          scores(doi, vt.data(), n, last + 1, 1.0f, dsi);  // do_i . v_j
+          for (int r = 0; r < kRows; ++r) {
+            for (int64_t c = 0; c < vd; ++c) acc[r][c] = vf{};
+            if (i0 + r >= n.s) continue;  // a short last block's repeated row: its P and dS rows are done
+            const int64_t i = i0 + r;
+            probabilities(pi[r], i, lp[(row * n.h + qh) * n.s + i], n.sp);
+            vf dot{};
+            for (int64_t c = 0; c < vd; ++c) dot += load(doi[r] + c * kLanes) * load(opp + (doi[r] - dop) + c * kLanes);
+            const float di = hsum(dot);
+            for (int64_t jb = 0; jb < n.sp / kLanes; ++jb) {
+              float* d = dsi[r] + jb * kLanes;
+              store(d, load(pi[r] + jb * kLanes) * (load(d) - di) * scale);
             }
           }
-          float *dkj = dks.data() + j * n.d, *dvj = dvs.data() + j * n.d;
-          for (int64_t c = 0; c < vd; ++c) {
-            store(dkj + c * kLanes, load(dkj + c * kLanes) + acc[c]);
-            store(dvj + c * kLanes, load(dvj + c * kLanes) + acc2[c]);
+          for (int64_t j = 0; j <= last; ++j) {
+            const float* kj = kp + ((row * n.s + j) * n.kv + head) * n.d;
+            for (int64_t c = 0; c < vd; ++c) {
+              const vf x = load(kj + c * kLanes);
+              for (int r = 0; r < kRows; ++r) acc[r][c] += dsi[r][j] * x;
+            }
+          }
+          for (int r = 0; r < kRows && i0 + r < n.s; ++r)
+            for (int64_t c = 0; c < vd; ++c) store(dqp + (qi[r] - qp) + c * kLanes, acc[r][c]);
+        }
+        for (int64_t j0 = 0; j0 < n.s; j0 += 2) {  // dk_j = sum_i ds_ij q_i, dv_j = sum_i p_ij do_i (i >= j), two keys at a time
+          const int64_t j1 = std::min(j0 + 1, n.s - 1);
+          for (int64_t c = 0; c < vd; ++c) acc[0][c] = acc[1][c] = acc[2][c] = acc[3][c] = vf{};
+          for (int64_t i = j0; i < n.s; ++i) {
+            const int64_t at = ((row * n.s + i) * n.h + qh) * n.d;
+            const float* ds_i = dsm.data() + i * n.sp;
+            const float* p_i = pm.data() + i * n.sp;
+            const float a0 = ds_i[j0], b0 = p_i[j0], a1 = ds_i[j1], b1 = p_i[j1];
+            for (int64_t c = 0; c < vd; ++c) {
+              const vf x = load(qp + at + c * kLanes), y = load(dop + at + c * kLanes);
+              acc[0][c] += a0 * x;
+              acc[1][c] += b0 * y;
+              acc[2][c] += a1 * x;
+              acc[3][c] += b1 * y;
+            }
+          }
+          for (int64_t jj = j0; jj <= j1 && jj < j0 + 2; ++jj) {
+            const int r = int(jj - j0) * 2;
+            float *dkj = dks.data() + jj * n.d, *dvj = dvs.data() + jj * n.d;
+            for (int64_t c = 0; c < vd; ++c) {
+              store(dkj + c * kLanes, load(dkj + c * kLanes) + acc[r][c]);
+              store(dvj + c * kLanes, load(dvj + c * kLanes) + acc[r + 1][c]);
+            }
           }
         }
       }
