@@ -7,8 +7,10 @@
 // about 60 GFLOP/s, and its backward pass's transposed-operand products outside its matmul
 // library. Here one task runs a (batch row, KV head) pair: the keys and values of that head are
 // read once into transposed tiles, every query head of the group and every query position uses
-// them, and the softmax never leaves the row. Keys after a query's position are skipped, not
-// masked.
+// them (four query rows at a time, so each vector loaded serves four), and the softmax never
+// leaves the row. Keys after a query's position are skipped (past the end of its last 16-key
+// vector) or given probability 0. The AVX2 build is the same code: GCC's vector extensions lower
+// a 16-float vector to one AVX-512 register or two AVX2 ones.
 //
 // Forward (q [B, S, H, D], k and v [B, S, KV, D]; query head h reads KV head h / (H / KV)):
 //   s_ij = scale * q_i . k_j (j <= i), lse_i = log sum_j exp(s_ij), o_i = sum_j exp(s_ij - lse_i) v_j.
