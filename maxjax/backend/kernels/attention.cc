@@ -52,9 +52,12 @@ inline float hsum(vf v) {
 }
 
 // exp(x) of 16 arguments: Cephes' expf (range reduction by ln 2, degree-6 polynomial; about 1
-// ulp); arguments below -87 give about exp(-87) instead of 0.
+// ulp); arguments below -87 give about exp(-87) instead of 0, above 88 exp(88) (lanes past a
+// query's last key, overwritten with 0, can hold anything: the clamp keeps the integer
+// conversion and shift below defined).
 inline vf vexp(vf x) {
   x = x < -87.0f ? splat(-87.0f) : x;
+  x = x > 88.0f ? splat(88.0f) : x;
   const vf y = x * 1.44269504088896341f;
   const vi k = __builtin_convertvector(y + (y < 0.0f ? splat(-0.5f) : splat(0.5f)), vi);  // round to nearest
   const vf kf = __builtin_convertvector(k, vf);
