@@ -89,13 +89,12 @@ class Program:
             raise ValueError(f"quantized_layout must be one of {', '.join(map(repr, LAYOUTS))} or None, got {quantized_layout!r}")
         self.devices = list(devices or ())
         self.policy = policy_for(policy if policy is not None else (self.devices[0] if self.devices else None))
-        if (self.policy.native_matmul_max_rows or self.policy.attention_kernel) and (
-            len(self.devices) > 1 or any(_spans_devices(e.weight) for e in graph._weights.values())
-        ):  # weights or a batch split over a mesh: the SPMD partitioner cannot split a kernel's custom call
-            self.policy = dataclasses.replace(
-                self.policy, native_matmul_max_rows=0 if any(_spans_devices(e.weight) for e in graph._weights.values())
-                else self.policy.native_matmul_max_rows, attention_kernel=False,
-            )  # fmt: skip
+        # weights or a batch split over a mesh: the SPMD partitioner cannot split a kernel's custom call
+        split_weights = any(_spans_devices(e.weight) for e in graph._weights.values())
+        if self.policy.native_matmul_max_rows and split_weights:
+            self.policy = dataclasses.replace(self.policy, native_matmul_max_rows=0)
+        if self.policy.attention_kernel and (split_weights or len(self.devices) > 1):
+            self.policy = dataclasses.replace(self.policy, attention_kernel=False)
         self.graph = graph
         self.remat = remat
         self.quantized_layout = quantized_layout or self.policy.quantized_layout

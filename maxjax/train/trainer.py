@@ -235,7 +235,7 @@ class Trainer:
             module = dequantized(module, DType.bfloat16, DType.float32 if self.autocast else None)
         if self.autocast:
             policy = dataclasses.replace(resolved, autocast=True)
-        if mesh is not None and policy_for(policy).attention_kernel:  # a split batch: the kernel's custom call does not partition
+        if mesh is not None and resolved.attention_kernel:  # a split batch: the kernel's custom call does not partition
             policy = dataclasses.replace(policy_for(policy), attention_kernel=False)
         self.graph = Graph("train_step", forward=module, input_types=[TensorType(DType.int32, ["batch", "seq"])])
         self.program = Program(
