@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maxjax.backend import cpu_policy, policy_for
+from maxjax.backend import cpu_policy, kernels, policy_for
 from maxjax.graph.quantization import Int8Array, QuantizationEncoding, to_layout
 from maxjax.graph.quantization.arrays import hadamard_blocks
 
@@ -96,6 +96,52 @@ def test_stacked_layers_slice_and_unrotated_widths_work():
     x = rng.standard_normal((16, 96)).astype(np.float32)
     np.testing.assert_allclose(np.asarray(one.matmul(jnp.asarray(x), FLOAT)), x @ np.asarray(one.dequantize()).T, rtol=2e-4, atol=2e-4)
     assert np.abs(np.asarray(one.dequantize()) - layers[1]).max() < 0.05
+
+
+@pytest.mark.skipif(not kernels.available(), reason=f"maxjax's CPU kernels do not run here: {kernels.unavailable_reason()}")
+def test_few_rows_run_in_the_kernel_reading_a_stacked_layer_in_place():
+    """Fewer rows than ``int8_min_rows`` (batch-1 decode) multiply an int8 weight in maxjax's
+    kernel: a layer of a stack read in place (no slice of the int8 values in the compiled
+    program), the float32 product of the requantized weight, differentiable in ``x``; the same
+    values as XLA's float32 product on a CPU without the kernel."""
+    plain = cpu_policy(frozenset({"sse4_2"}))  # no kernel: XLA's float32 product
+    rng = np.random.default_rng(4)
+    layers = [rng.standard_normal((48, 256)).astype(np.float32) for _ in range(3)]
+    packed = jnp.asarray(np.stack([gguf.quantize(w, gguf.GGMLQuantizationType.Q4_0) for w in layers]))
+    q = to_layout("int8", QuantizationEncoding.Q4_0, packed)
+    assert q.rotated and CPU.native_matmul(q, 1) and not plain.native_matmul(q, 1)
+    for i in range(3):
+        wq = np.asarray(q.layer(i).dequantize(), np.float64)  # [48, 256], the requantized layer
+        for rows in (1, 3, 15):
+            x = jnp.asarray(rng.standard_normal((rows, 256)).astype(np.float32))
+            got = np.asarray(q.layer_matmul(x, jnp.int32(i), CPU))
+            np.testing.assert_allclose(got, np.asarray(x, np.float64) @ wq.T, rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(got, np.asarray(q.layer(i).matmul(x, plain)), rtol=1e-4, atol=1e-4)
+    step = jax.jit(lambda x, q, i: q.layer_matmul(x, i, CPU))
+    hlo = step.lower(x, q, jnp.int32(1)).compile().as_text()
+    assert "maxjax_unpacked_matmul" in hlo and "s8[48,256]" not in hlo  # the layer is not copied out
+    g = jax.grad(lambda x: (q.layer_matmul(x, jnp.int32(2), CPU) ** 2).sum())(x)
+    g_xla = jax.grad(lambda x: (q.layer(2).matmul(x, plain) ** 2).sum())(x)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(g_xla), rtol=1e-4, atol=1e-4)
+    head = q.layer(0)  # a 2-D weight (an output head) in the kernel too
+    x1 = jnp.asarray(rng.standard_normal((1, 256)).astype(np.float32))
+    hlo = jax.jit(lambda x, w: w.matmul(x, CPU)).lower(x1, head).compile().as_text()
+    assert "maxjax_unpacked_matmul" in hlo
+    np.testing.assert_allclose(np.asarray(head.matmul(x1, CPU)), np.asarray(head.matmul(x1, plain)), rtol=1e-4, atol=1e-4)
+
+
+def test_requantizing_in_blocks_of_rows_equals_all_at_once():
+    """A weight of more rows than one conversion block is requantized block by block (bounded
+    float32 temporaries); each row's int8 values and scale are those of converting it alone."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((2, 4096, 64)).astype(np.float32) * rng.uniform(0.1, 4, (2, 4096, 1)).astype(np.float32)
+    packed = np.stack([gguf.quantize(a, gguf.GGMLQuantizationType.Q8_0) for a in w])  # 8192 rows: two blocks
+    whole = to_layout("int8", QuantizationEncoding.Q8_0, jnp.asarray(packed))
+    parts = [to_layout("int8", QuantizationEncoding.Q8_0, jnp.asarray(packed[i])) for i in range(2)]  # one block each
+    assert whole.shape == (2, 4096, 64)
+    for i in range(2):
+        np.testing.assert_array_equal(np.asarray(whole.values[i]), np.asarray(parts[i].values))
+        np.testing.assert_array_equal(np.asarray(whole.scale[i]), np.asarray(parts[i].scale))
 
 
 def test_smollm2_in_int8_generates_and_scores_like_float32(capsys):

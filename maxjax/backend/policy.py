@@ -139,7 +139,7 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   take the same choice unmeasured); others: 0 (off).
 - ``int8_min_rows``: a weight in the ``int8`` quantized layout multiplies at least this many
   input rows as int8 x int8 -> int32 dots (activations quantized per row); fewer rows run in
-  float32. CPU: 16 (XLA:CPU's int8 dots: 0.1x float32 at one row, 1.7x at 16 and 2.4x at 32 on a
+  float32 (in maxjax's CPU kernel where ``native_matmul_max_rows`` takes them). CPU: 16 (XLA:CPU's int8 dots: 0.1x float32 at one row, 1.7x at 16 and 2.4x at 32 on a
   2-core AVX2 EPYC, ``benchmarks/int8.py``); others: 0 (never). The layout itself is only used
   when asked for (``quantized_layout="int8"``): it is not bit-identical to the file.
 - ``native_matmul_max_rows``: a quantized weight in the ``nibbles`` or ``unpacked`` layout that

@@ -197,16 +197,19 @@ def _call(target: str, x: Any, rows: int, values: Any, scale: Any, offset: Any, 
 
 def supports(w: Any, rows: int | None = None) -> bool:
     """Whether the kernels take the quantized weight ``w`` (a 2-D one, or a stack ``[layers, ...]``
-    indexed by a layer): the ``nibbles`` layout, or ``unpacked`` with groups of a multiple of 16
-    values; float32 activations with ``cols`` a multiple of 32 (16 for unpacked groups of 16)."""
+    indexed by a layer): the ``nibbles`` layout, ``unpacked`` with groups of a multiple of 16
+    values, ``mapped`` Q4_0 and Q8_0, or ``int8`` (its float32 product); float32 activations with
+    ``cols`` a multiple of 32 (16 for unpacked groups of 16 and int8)."""
     layout = getattr(w, "layout", None)
-    if layout not in ("nibbles", "unpacked", "mapped") or getattr(w, "ndim", 0) not in (2, 3):
+    if layout not in ("nibbles", "unpacked", "mapped", "int8") or getattr(w, "ndim", 0) not in (2, 3):
         return False
     cols = w.shape[-1]
     if not isinstance(cols, (int, np.integer)) or cols % 16 or any(isinstance(a, jax.ShapeDtypeStruct) for a in jax.tree.leaves(w)):
         return False
     if layout == "mapped":
         return cols % 32 == 0 and w.encoding.value in _MAPPED_KIND
+    if layout == "int8":  # as its channel_view: unpacked int8 values, one group per row
+        return cols % 16 == 0 and np.dtype(w.values.dtype) == np.int8
     if layout == "nibbles":
         return cols % 32 == 0 and np.dtype(w.scale.dtype) in (np.float16, np.float32)
     groups = w.scale.shape[-1]
@@ -218,9 +221,11 @@ def quantized_matmul(x: Any, w: Any, layer: Any = None, activations: str = "floa
 
     Args:
         x: float32 ``[..., cols]``.
-        w: a :class:`~maxjax.graph.quantization.arrays.NibbleArray` or
-            :class:`~maxjax.graph.quantization.arrays.UnpackedArray` of logical shape ``[rows,
-            cols]``, or a stack of them ``[layers, rows, cols]`` (leaves with a leading layer axis).
+        w: a :class:`~maxjax.graph.quantization.arrays.NibbleArray`,
+            :class:`~maxjax.graph.quantization.arrays.UnpackedArray`, ``MappedArray`` or
+            :class:`~maxjax.graph.quantization.arrays.Int8Array` (its rotated activations times its
+            ``channel_view`` in float32) of logical shape ``[rows, cols]``, or a stack of them
+            ``[layers, rows, cols]`` (leaves with a leading layer axis).
         layer: int32 scalar, the layer of a stacked ``w`` (clamped into range); None for a 2-D one.
         activations: ``"float32"``, or ``"Q8_0"`` for a weight :func:`takes_q8_0_activations`:
             each row of ``x`` is quantized per 32-value block to Q8_0 and each block's product is
@@ -252,6 +257,8 @@ def quantized_matmul(x: Any, w: Any, layer: Any = None, activations: str = "floa
         raise ValueError(f"quantized_matmul: {w!r} needs {'a layer index' if w.ndim == 3 else 'no layer index'}")
     if activations not in ACTIVATIONS:
         raise ValueError(f"quantized_matmul: activations must be one of {ACTIVATIONS}, got {activations!r}")
+    if w.layout == "int8":  # x W^T = (x H)(W H)^T: its rotated activations times its channel view
+        return quantized_matmul(w.rotate(x), w.channel_view(), layer, activations)
     if activations == "Q8_0" and not takes_q8_0_activations(w):
         raise ValueError(
             f"quantized_matmul: Q8_0 activations multiply nibbles and mapped weights and unpacked ones in groups of 32, "

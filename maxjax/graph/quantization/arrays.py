@@ -541,7 +541,12 @@ class Int8Array(QuantizedArray):
     :meth:`matmul` of ``x [..., cols]``: with at least ``policy.int8_min_rows`` rows (a batch), each
     row of ``x H`` is quantized to int8 with its own scale (``max |row| / 127``) and the product is
     one int8 dot with int32 accumulation, scaled after; with fewer rows (batch-1 decode, where
-    int8 dots are slow on CPUs) it is the float32 product ``((x H) @ values^T) * scale``.
+    int8 dots are slow on CPUs) it is the float32 product ``((x H) @ values^T) * scale``, in
+    maxjax's CPU kernel where the policy runs that many rows there (``native_matmul``: the
+    values read in place, a stacked layer too, as an ``unpacked`` weight with one group per row;
+    2-core Zen 5 EPYC, a Llama-3.2-1B-shaped Q4_0 file requantized: batch-1 decode 0.94 -> 26-29
+    tokens/s, ``benchmarks/scale.py --also-arithmetic int8``), else in XLA (the layer sliced, and
+    dequantized in blocks).
 
     Accuracy (``benchmarks/int8.py``, SmolLM2-135M Q4_1, held-out Python docs): the requantized
     weights alone add 0.4% to the perplexity; with int8 activations in 64-column Hadamard blocks,
@@ -573,12 +578,12 @@ class Int8Array(QuantizedArray):
     def shape(self) -> tuple[Any, ...]:
         return tuple(self.values.shape)
 
-    def _rotate(self, a: Any) -> Any:
+    def rotate(self, a: Any) -> Any:
         """``a [..., cols] @ H`` (H: see the class docstring); ``a`` itself when not rotated."""
         return hadamard_blocks(a, self.rotation) if self.rotated else a
 
     def dequantize(self) -> jax.Array:
-        return self._rotate(self.values.astype(jnp.float32) * self.scale[..., None])  # (W H) H = W
+        return self.rotate(self.values.astype(jnp.float32) * self.scale[..., None])  # (W H) H = W
 
     def take(self, indices: Any) -> "Int8Array":
         return jax.tree.map(lambda a: jnp.take(a, indices, axis=0, mode="clip"), self)
@@ -594,7 +599,7 @@ class Int8Array(QuantizedArray):
         if self.ndim != 2 or getattr(x, "dtype", None) is None or np.dtype(x.dtype) != np.float32 or x.shape[-1] != self.shape[1]:
             return super().matmul(x, policy)  # its checks raise the errors
         lead = math.prod(x.shape[:-1])
-        xr = self._rotate(x)  # [..., cols]
+        xr = self.rotate(x)  # [..., cols]
         n = policy.int8_min_rows
         if n and isinstance(lead, (int, np.integer)) and lead >= n:
             flat = xr.reshape(lead, xr.shape[-1])
@@ -604,8 +609,30 @@ class Int8Array(QuantizedArray):
             acc = lax.dot_general(xq, self.values, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)  # [lead, rows]
             y = acc.astype(jnp.float32) * sx * self.scale
             return y.reshape(*x.shape[:-1], self.shape[0])
+        if policy.native_matmul(self, lead):  # a few rows: maxjax's CPU kernel, float32
+            return kernels.quantized_matmul(x, self)
         # float32: the base class's product (its row and column blocks) of x H and W H
         return _ChannelScaled(self.encoding, self.values, self.scale).matmul(xr, policy)
+
+    def layer_matmul(self, x: Any, layer: Any, policy: BackendPolicy | None = None) -> jax.Array:
+        """:meth:`matmul` with layer ``layer`` of a stack (see the base class): at least
+        ``policy.int8_min_rows`` rows slice the layer for :meth:`matmul`'s int8 dot; fewer that the
+        policy runs in maxjax's CPU kernel read the layer in place there.
+
+        Raises:
+            ValueError: as :meth:`matmul`, or this is not a stack of 2-D weights.
+        """
+        policy = policy_for(policy)
+        lead = math.prod(getattr(x, "shape", (0,))[:-1])
+        n = policy.int8_min_rows
+        if self.ndim == 3 and n and isinstance(lead, (int, np.integer)) and lead >= n:
+            return self.layer(layer).matmul(x, policy)
+        return super().layer_matmul(x, layer, policy)
+
+    def channel_view(self) -> "UnpackedArray":
+        """``W H`` as an ``unpacked`` array with one group (scale) per row, its leaves this array's
+        (the values are not copied): what maxjax's CPU kernel multiplies ``x H`` by in float32."""
+        return UnpackedArray(self.encoding, self.values, self.scale[..., None])
 
     @classmethod
     def supports(cls, encoding: QuantizationEncoding, shape: Sequence[int]) -> bool:
@@ -657,16 +684,33 @@ def hadamard_blocks(a: Any, block: int) -> Any:
     return (a.reshape(*lead, n // block, block) @ h).reshape(*lead, n)
 
 
+#: rows an int8 requantization converts at a time (their float32 values are its temporaries)
+_INT8_BLOCK_ROWS = 4096
+
+
 @partial(jax.jit, static_argnums=0)
 def _int8_jit(enc: QuantizationEncoding, packed: jax.Array) -> Int8Array:
-    w = _dequantize_jit(enc, packed)  # [..., rows, cols] float32
-    rotated = w.shape[-1] % Int8Array.rotation == 0
-    if rotated:
-        w = hadamard_blocks(w, Int8Array.rotation)
-    scale = jnp.max(jnp.abs(w), axis=-1) / 127.0  # [..., rows]
-    scale = jnp.where(scale > 0, scale, 1.0)
-    values = jnp.clip(jnp.round(w / scale[..., None]), -127, 127).astype(jnp.int8)
-    return Int8Array(enc, values, scale.astype(jnp.float32), rotated)
+    *lead, row_bytes = packed.shape  # [..., rows, row_bytes]
+    total = math.prod(lead)
+    rotated = enc.logical_shape(packed.shape)[-1] % Int8Array.rotation == 0
+
+    def rows(p: jax.Array) -> tuple[jax.Array, jax.Array]:  # [n, row_bytes] -> int8 [n, cols], float32 [n]
+        w = _dequantize_jit(enc, p)  # [n, cols] float32
+        if rotated:
+            w = hadamard_blocks(w, Int8Array.rotation)
+        scale = jnp.max(jnp.abs(w), axis=-1) / 127.0  # [n]
+        scale = jnp.where(scale > 0, scale, 1.0)
+        return jnp.clip(jnp.round(w / scale[..., None]), -127, 127).astype(jnp.int8), scale.astype(jnp.float32)
+
+    # a block of rows at a time (lax.map), so that the float32 temporaries are one block's, not the
+    # whole weight's (a Llama-3.2-1B-shaped Q4_0 file: peak RSS 3.9 -> 1.9 GB at load)
+    block = math.gcd(total, _INT8_BLOCK_ROWS)
+    flat = packed.reshape(total, row_bytes)
+    if block >= 64 and total > block:
+        values, scale = lax.map(rows, flat.reshape(total // block, block, row_bytes))
+    else:
+        values, scale = rows(flat)
+    return Int8Array(enc, values.reshape(*lead, -1), scale.reshape(lead), rotated)
 
 
 #: the layouts by name
