@@ -47,6 +47,7 @@
 
 namespace ffi = xla::ffi;
 using maxjax_kernels::parallel_for;
+using maxjax_kernels::kStreamChunks;
 
 namespace {
 
@@ -299,11 +300,24 @@ void nibble_pairs(const uint8_t* values, const S* scale, const S* offset, const 
     for (int j = 0; j < MB; ++j) acc0[j] = acc1[j] = vzero();
     for (int64_t b = 0; b < nb; ++b) {
       if ((b & 1) == 0) prefetch(v + 32 * b);
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+      // each row's 16 values scale * q + offset (q = 0..15) as a table, looked up by each nibble:
+      // one permute per 16 values in place of a convert and an FMA, the same fma(q, d, c) values
+      const __m512 kNibbles = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+      const __m512 t0 = _mm512_fmadd_ps(kNibbles, _mm512_set1_ps(s0[b]), _mm512_set1_ps(o0[b]));
+      const __m512 t1 = _mm512_fmadd_ps(kNibbles, _mm512_set1_ps(s1[b]), _mm512_set1_ps(o1[b]));
+      const __m512i qa = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + 32 * b)));
+      const __m512i qb = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + 32 * b + 16)));
+      // (the permute reads an index's low 4 bits: the low nibble is row 2p's, the high row 2p + 1's)
+      const V wa0 = {_mm512_permutexvar_ps(qa, t0)}, wb0 = {_mm512_permutexvar_ps(qb, t0)};
+      const V wa1 = {_mm512_permutexvar_ps(_mm512_srli_epi32(qa, 4), t1)}, wb1 = {_mm512_permutexvar_ps(_mm512_srli_epi32(qb, 4), t1)};
+#else
       V lo_a, hi_a, lo_b, hi_b;
       nibbles16(v + 32 * b, lo_a, hi_a);
       nibbles16(v + 32 * b + 16, lo_b, hi_b);
       const V d0 = vbcast(s0[b]), d1 = vbcast(s1[b]), c0 = vbcast(o0[b]), c1 = vbcast(o1[b]);
       const V wa0 = vfma(lo_a, d0, c0), wb0 = vfma(lo_b, d0, c0), wa1 = vfma(hi_a, d1, c1), wb1 = vfma(hi_b, d1, c1);
+#endif
       for (int j = 0; j < MB; ++j) {
         const float* xm = x + (m0 + j) * cols + 32 * b;
         const V xa = vload(xm), xb = vload(xm + 16);
@@ -547,12 +561,12 @@ void run_nibbles(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const ui
         q8_nibble_pairs<S, Offset, decltype(mb)::value>(values, scale, offset, a, rows, cols, m, p0, p1, out);
 #endif
       });
-    });
+    }, kStreamChunks);
     return;
   }
   parallel_for(pool, rows / 2, rows * cols * m_rows, [&](int64_t p0, int64_t p1) {
     over_rows(m_rows, [&](int64_t m, auto mb) { nibble_pairs<S, Offset, decltype(mb)::value>(values, scale, offset, x, rows, cols, m, p0, p1, out); });
-  });
+  }, kStreamChunks);
 }
 
 ffi::Error NibblesMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> values, ffi::AnyBuffer scale,
@@ -603,12 +617,12 @@ void run_bytes(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const Q* v
         q8_byte_rows<Q, Offset, decltype(mb)::value>(values, scale, offset, a, rows, cols, m, r0, r1, out);
 #endif
       });
-    });
+    }, kStreamChunks);
     return;
   }
   parallel_for(pool, rows, rows * cols * m_rows, [&](int64_t r0, int64_t r1) {
     over_rows(m_rows, [&](int64_t m, auto mb) { byte_rows<Q, Offset, decltype(mb)::value>(values, scale, offset, x, rows, cols, group, m, r0, r1, out); });
-  });
+  }, kStreamChunks);
 }
 
 ffi::Error UnpackedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer values, ffi::Buffer<ffi::F32> scale,
@@ -917,7 +931,7 @@ void run_mapped_q8(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const 
       for (; r < r1; ++r) q8_pass<K, MB, 1>(w, bpr, a, rows, cols, m, r, out);
 #endif
     });
-  });
+  }, kStreamChunks);
 }
 
 template <Kind K>
@@ -927,7 +941,7 @@ void run_mapped(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const uin
   parallel_for(pool, (rows + 1) / 2, rows * cols * m_rows, [&](int64_t p0, int64_t p1) {
     const int64_t r0 = 2 * p0, r1 = std::min(rows, 2 * p1);
     over_rows(m_rows, [&](int64_t m, auto mb) { mapped_rows<K, decltype(mb)::value>(w, bpr, x, rows, cols, m, r0, r1, out); });
-  });
+  }, kStreamChunks);
 }
 
 // The first byte of a mapped weight's layer (`layer` clamped into the offsets' range, as XLA's
@@ -990,7 +1004,7 @@ void dequantize_rows(ffi::ThreadPool& pool, const uint8_t* w, int64_t bpr, int64
         vstore(o + 32 * b + 16, w1);
       }
     }
-  });
+  }, kStreamChunks);
 }
 
 ffi::Error MappedDequantize(ffi::ThreadPool pool, ffi::Buffer<ffi::U8> file, ffi::Buffer<ffi::S32> offsets, ffi::AnyBuffer layer,
@@ -1110,7 +1124,7 @@ template <Half H>
 void run_half(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const uint16_t* w, int64_t rows, int64_t cols, float* out) {
   parallel_for(pool, rows, rows * cols * m_rows, [&](int64_t r0, int64_t r1) {
     over_rows(m_rows, [&](int64_t m, auto mb) { half_rows<H, decltype(mb)::value>(w, x, rows, cols, m, r0, r1, out); });
-  });
+  }, kStreamChunks);
 }
 
 ffi::Error WidenedMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer values, ffi::AnyBuffer layer,
@@ -1151,7 +1165,7 @@ ffi::Error WidenedRows(ffi::ThreadPool pool, ffi::AnyBuffer values, ffi::AnyBuff
       for (int64_t i = r0 * cols; i < r1 * cols; i += 16) vstore(o + i, widen16<Half::kBF16>(w + i));
     else
       for (int64_t i = r0 * cols; i < r1 * cols; i += 16) vstore(o + i, widen16<Half::kF16>(w + i));
-  });
+  }, kStreamChunks);
   return ffi::Error::Success();
 }
 
