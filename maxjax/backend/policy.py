@@ -284,7 +284,7 @@ from maxjax.backend.kernels import amx as _amx
 
 __all__ = ["BackendPolicy", "policy_for", "cpu_policy", "gpu_policy", "tpu_policy", "platform_of"]
 
-_LAYOUTS = ("packed", "unpacked", "nibbles", "dequantized", "int8", "mapped")
+_LAYOUTS = ("packed", "unpacked", "nibbles", "dequantized", "int8", "mapped", "tiles")
 _GROUPED = ("always", "decode", "batched_decode", "never")
 LAYER_WEIGHTS = ("stacked", "per_layer")
 #: the ``/proc/cpuinfo`` flags of x86 bfloat16 dot instructions (AVX512_BF16: Cooper Lake, Zen 4;

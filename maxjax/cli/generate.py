@@ -24,7 +24,7 @@ __all__ = ["configure", "run"]
 _FLAG_NAMES = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
 
 _DTYPES = {"float32": DType.float32, "bfloat16": DType.bfloat16}
-_LAYOUTS = ("auto", "nibbles", "unpacked", "packed", "dequantized", "int8", "mapped")
+_LAYOUTS = ("auto", "nibbles", "unpacked", "packed", "dequantized", "int8", "mapped", "tiles")
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -49,7 +49,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="how quantized weights sit in memory: auto (default: the backend policy's choice for this platform and "
         "CPU), nibbles (4-bit stays 4-bit), unpacked (one byte per value, about 2x the memory of Q4_1), packed (the "
         "file's blocks; slow on CPU), dequantized (float32), int8 (requantized per channel, not bit-identical: batches "
-        "of 16+ rows run int8 dots), mapped (Q4_0 and Q8_0 read in place from the mapped file: nothing copied at load)",
+        "of 16+ rows run int8 dots), mapped (Q4_0 and Q8_0 read in place from the mapped file: nothing copied at load), tiles (Q4_0 copied at load into "
+        "tiles of 16 rows for integer dots with Q8_0 activations: arithmetic q8_0)",
     )
     p.add_argument(
         "--arithmetic", choices=("auto", "float32", "int8", "q8_0"), default="auto",

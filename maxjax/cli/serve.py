@@ -22,7 +22,7 @@ from maxjax.dtype import DType
 __all__ = ["configure", "run"]
 
 _DTYPES = {"float32": DType.float32, "bfloat16": DType.bfloat16}
-_LAYOUTS = ("auto", "nibbles", "unpacked", "packed", "dequantized", "mapped")
+_LAYOUTS = ("auto", "nibbles", "unpacked", "packed", "dequantized", "mapped", "tiles")
 
 
 def _positive(kind: type, low: float) -> object:

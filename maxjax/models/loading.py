@@ -184,7 +184,7 @@ def memory_plan(
             "kv_tokens": int(kv_tokens)}  # fmt: skip
 
 
-_RUNTIME_BYTES: dict[tuple[Any, ...], int] = {}  # (encoding, layout) -> bytes of 512 values
+_RUNTIME_BYTES: dict[tuple[Any, ...], int] = {}  # (encoding, layout) -> bytes of 4096 values
 
 
 def _gguf_runtime_bytes(source: str, t: Any, layout: str, plain: dict, keep_16bit: bool = True) -> int:
@@ -214,13 +214,13 @@ def _gguf_runtime_bytes(source: str, t: Any, layout: str, plain: dict, keep_16bi
     numel = math.prod(logical)
     key = (enc, layout)
     if key not in _RUNTIME_BYTES:  # bytes per value of the layout (values and per-block scales): from one small block
-        sample = tuple(int(d) for d in enc.packed_shape((2, 256)))
+        sample = tuple(int(d) for d in enc.packed_shape((16, 256)))  # 16 rows: a tile of the tiles layout
         try:
             value = jax.eval_shape(lambda p: to_layout(layout, enc, p), jax.ShapeDtypeStruct(sample, np.uint8))
             _RUNTIME_BYTES[key] = sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(value))
         except Exception:  # a layout that cannot take this encoding: count the file's bytes
             _RUNTIME_BYTES[key] = math.prod(sample)
-    return -(-numel * _RUNTIME_BYTES[key] // 512)
+    return -(-numel * _RUNTIME_BYTES[key] // 4096)
 
 
 def check_memory_plan(plan: dict[str, Any] | None, source: str) -> None:
@@ -299,7 +299,9 @@ def load_model(
     ``arithmetic`` (float32 on every platform for now).
 
     ``quantized_layout`` is how a GGUF's quantized weights are kept in memory (see
-    :class:`CausalLM`; None: the backend policy's choice for the platform), ``policy`` the
+    :class:`CausalLM`; None: the backend policy's choice for the platform; ``"tiles"``: Q4_0 copied
+    at load into tiles of 16 rows for integer dots, :class:`~maxjax.graph.quantization.TiledArray`,
+    which runs ``"q8_0"`` arithmetic), ``policy`` the
     :class:`~maxjax.backend.BackendPolicy` (None: the default backend's); ``mesh`` a
     ``jax.sharding.Mesh`` to run tensor parallel over its ``mesh_axes[1]`` axis and data parallel
     over ``mesh_axes[0]`` (see :class:`CausalLM`).
@@ -317,11 +319,12 @@ def load_model(
             available); a tensor of an unsupported type (naming it); metadata, a ``config.json`` or
             tensors that are wrong (one line naming the file and the key or tensor); an unknown
             ``arithmetic``, or ``"int8"`` with another ``quantized_layout``, on a model without
-            quantized weights, or on a mesh (saying what runs instead); ``"q8_0"`` with the
-            ``int8`` layout or on a model without GGUF-quantized weights.
+            quantized weights, or on a mesh (saying what runs instead); ``"q8_0"`` (or the
+            ``tiles`` layout) with the ``int8`` layout or on a model without GGUF-quantized
+            weights; the ``tiles`` layout with ``"float32"`` or ``"int8"`` arithmetic.
     """
     quantized_layout = _layout_for_arithmetic(arithmetic, quantized_layout, policy, mesh, model)
-    policy = _policy_for_arithmetic(arithmetic, policy)
+    policy = _policy_for_arithmetic(arithmetic, policy, quantized_layout)
     path = resolve_model_path(model)
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))
@@ -354,6 +357,11 @@ def _layout_for_arithmetic(arithmetic: str, quantized_layout: str | None, policy
 
     if arithmetic not in ARITHMETIC:
         raise ValueError(f"arithmetic must be one of {', '.join(ARITHMETIC)}, got {arithmetic!r}")
+    if quantized_layout == "tiles":  # integer dots with Q8_0 activations, by definition
+        if arithmetic not in ("auto", "q8_0"):
+            raise ValueError(f"quantized_layout='tiles' multiplies Q8_0 activations (arithmetic='q8_0'), not arithmetic={arithmetic!r}")
+        _require_gguf("q8_0", model)
+        return quantized_layout
     if arithmetic == "auto":
         if quantized_layout is not None or policy_for(policy).arithmetic == "float32":
             return quantized_layout  # an explicit layout says it (int8 included)
@@ -382,13 +390,16 @@ def _require_gguf(arithmetic: str, model: Any) -> None:
         raise ValueError(f"arithmetic={arithmetic!r} needs a GGUF-quantized model; {path} has float weights (arithmetic='float32' runs it)")
 
 
-def _policy_for_arithmetic(arithmetic: str, policy: Any) -> Any:
-    """``policy`` (None: the default backend's) as ``arithmetic`` runs it: ``"q8_0"`` with
-    ``q8_activations`` on, ``"float32"`` with it off; ``policy`` itself otherwise."""
+def _policy_for_arithmetic(arithmetic: str, policy: Any, quantized_layout: str | None = None) -> Any:
+    """``policy`` (None: the default backend's) as ``arithmetic`` runs it: ``"q8_0"`` (or the
+    ``tiles`` layout) with ``q8_activations`` on, ``"float32"`` with it off; ``policy`` itself
+    otherwise."""
     import dataclasses
 
     from maxjax.backend import policy_for
 
+    if quantized_layout == "tiles":  # its arithmetic, for every other quantized weight too
+        arithmetic = "q8_0"
     want = {"q8_0": True, "float32": False}.get(arithmetic)
     if want is not None and policy_for(policy).q8_activations != want:
         return dataclasses.replace(policy_for(policy), q8_activations=want)

@@ -64,7 +64,7 @@ SOURCES = (SOURCE, Path(__file__).with_name("layouts.cc"), Path(__file__).with_n
 HEADERS = (Path(__file__).with_name("parallel.h"),)
 _TARGETS = (
     "maxjax_nibbles_matmul", "maxjax_unpacked_matmul", "maxjax_mapped_matmul", "maxjax_mapped_dequantize", "maxjax_widened_matmul",
-    "maxjax_widened_rows", "maxjax_causal_attention", "maxjax_causal_attention_backward",
+    "maxjax_widened_rows", "maxjax_causal_attention", "maxjax_causal_attention_backward", "maxjax_tiles_matmul",
 )  # fmt: skip
 _MAPPED_KIND = {"Q4_0": 0, "Q8_0": 2}  # matvec.cc's Kind
 _LOCK = threading.Lock()  # one build and registration per process, whichever thread traces first
@@ -198,10 +198,11 @@ def _call(target: str, x: Any, rows: int, values: Any, scale: Any, offset: Any, 
 def supports(w: Any, rows: int | None = None) -> bool:
     """Whether the kernels take the quantized weight ``w`` (a 2-D one, or a stack ``[layers, ...]``
     indexed by a layer): the ``nibbles`` layout, ``unpacked`` with groups of a multiple of 16
-    values, ``mapped`` Q4_0 and Q8_0, or ``int8`` (its float32 product); float32 activations with
-    ``cols`` a multiple of 32 (16 for unpacked groups of 16 and int8)."""
+    values, ``mapped`` Q4_0 and Q8_0, ``int8`` (its float32 product), or ``tiles`` (Q8_0
+    activations only; a kernel built for AVX-512); float32 activations with ``cols`` a multiple of
+    32 (16 for unpacked groups of 16 and int8)."""
     layout = getattr(w, "layout", None)
-    if layout not in ("nibbles", "unpacked", "mapped", "int8") or getattr(w, "ndim", 0) not in (2, 3):
+    if layout not in ("nibbles", "unpacked", "mapped", "int8", "tiles") or getattr(w, "ndim", 0) not in (2, 3):
         return False
     cols = w.shape[-1]
     if not isinstance(cols, (int, np.integer)) or cols % 16 or any(isinstance(a, jax.ShapeDtypeStruct) for a in jax.tree.leaves(w)):
@@ -210,6 +211,8 @@ def supports(w: Any, rows: int | None = None) -> bool:
         return cols % 32 == 0 and w.encoding.value in _MAPPED_KIND
     if layout == "int8":  # as its channel_view: unpacked int8 values, one group per row
         return cols % 16 == 0 and np.dtype(w.values.dtype) == np.int8
+    if layout == "tiles":  # Q4_0 in tiles of 16 rows: the kernel is built with AVX-512 only
+        return cols % 32 == 0 and w.shape[-2] % 16 == 0 and tiles_built()
     if layout == "nibbles":
         return cols % 32 == 0 and np.dtype(w.scale.dtype) in (np.float16, np.float32)
     groups = w.scale.shape[-1]
@@ -259,6 +262,8 @@ def quantized_matmul(x: Any, w: Any, layer: Any = None, activations: str = "floa
         raise ValueError(f"quantized_matmul: activations must be one of {ACTIVATIONS}, got {activations!r}")
     if w.layout == "int8":  # x W^T = (x H)(W H)^T: its rotated activations times its channel view
         return quantized_matmul(w.rotate(x), w.channel_view(), layer, activations)
+    if w.layout == "tiles" and activations != "Q8_0":
+        raise ValueError(f"quantized_matmul: the tiles layout multiplies Q8_0 activations only (activations='Q8_0'), got {activations!r}")
     if activations == "Q8_0" and not takes_q8_0_activations(w):
         raise ValueError(
             f"quantized_matmul: Q8_0 activations multiply nibbles and mapped weights and unpacked ones in groups of 32, "
@@ -279,10 +284,28 @@ def takes_q8_0_activations(w: Any) -> bool:
     layout = getattr(w, "layout", None)
     if layout == "unpacked":  # one scale per 32 values, as the activations' blocks
         return w.shape[-1] == 32 * w.scale.shape[-1]
-    return layout in ("nibbles", "mapped")
+    return layout in ("nibbles", "mapped", "tiles")
+
+
+def tiles_built() -> bool:
+    """Whether the kernels' library here has the ``tiles`` layout's product (built for AVX-512)."""
+    lib = library()
+    return lib is not None and bool(_tiles_flag(lib))
+
+
+@functools.lru_cache(maxsize=None)
+def _tiles_flag(lib: Any) -> int:
+    fn = lib.maxjax_tiles_built
+    fn.restype = ctypes.c_int
+    return fn()
 
 
 def _forward(activations: str, x: Any, w: Any, layer: Any) -> jax.Array:
+    if w.layout == "tiles":  # Q4_0 in tiles of 16 rows, Q8_0 activations
+        lead, cols, rows = x.shape[:-1], x.shape[-1], w.shape[-2]
+        flat = x.reshape(math.prod(lead), cols)
+        call = jax.ffi.ffi_call("maxjax_tiles_matmul", jax.ShapeDtypeStruct((flat.shape[0], rows), jnp.float32), vmap_method="sequential")
+        return call(flat, w.values, w.scale, _layer(layer)).reshape(*lead, rows)
     if w.layout == "mapped":  # the file's blocks, in place
         lead, cols, rows = x.shape[:-1], x.shape[-1], w.shape[-2]
         flat = x.reshape(math.prod(lead), cols)

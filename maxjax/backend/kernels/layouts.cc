@@ -16,7 +16,8 @@
 //         r / 2), high 2 bits from qh[32h + t] >> 2r, minus 32; scale d * scales[i] per 16 values)
 // Each call converts output rows [first, first + count) of one layer; row r is read from source
 // row ``row_index[r]`` (or r where row_index is null), ``row_bytes`` apart. Callers split a layer's
-// rows over threads. Return value: 0, or 1 for an unknown kind, 2 for an odd row range (nibbles).
+// rows over threads. Return value: 0, or 1 for an unknown kind, 2 for an odd row range (nibbles;
+// not whole tiles of 16 rows for tiles).
 
 #include <immintrin.h>
 
@@ -185,6 +186,37 @@ int maxjax_unpacked_from_blocks(const uint8_t* src, int64_t row_bytes, const int
       }
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j * 32), lo);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j * 32 + 16), hi);
+    }
+  }
+  return 0;
+}
+
+// TiledArray (Q4_0): 16 rows at a time. Tile t (rows 16t..16t+15), block j: 256 bytes of values
+// at values + (t * blocks + j) * 256, four chunks of 64 bytes; byte 4r + i of chunk c holds row
+// 16t + r's value 8c + i of the block in its low nibble and 8c + 4 + i in its high (i < 4); the
+// file's float16 d of row 16t + r's block j at scale + (t * blocks + j) * 16 + r. So one 64-byte
+// load gives, per 32-bit lane (a row), four consecutive values: vpdpbusd multiplies all sixteen
+// rows by the same four activations. Rows [first, first + count): whole tiles (2 otherwise).
+int maxjax_tiles_from_blocks(const uint8_t* src, int64_t row_bytes, const int64_t* row_index, int64_t first, int64_t count,
+                             int64_t blocks, int32_t kind, uint8_t* values, void* scale_out, void* offset_out) {
+  (void)offset_out;
+  if (kind != kQ4_0) return 1;
+  if ((first | count) & 15) return 2;
+  uint16_t* scale = static_cast<uint16_t*>(scale_out);
+  for (int64_t t = first / 16; t < (first + count) / 16; ++t) {
+    const uint8_t* rows[16];
+    for (int r = 0; r < 16; ++r) rows[r] = source_row(src, row_bytes, row_index, 16 * t + r);
+    for (int64_t j = 0; j < blocks; ++j) {
+      uint8_t* out = values + (t * blocks + j) * 256;
+      uint16_t* d = scale + (t * blocks + j) * 16;
+      for (int r = 0; r < 16; ++r) {
+        const uint8_t* blk = rows[r] + j * 18;
+        d[r] = load_u16(blk);
+        uint8_t q[32];  // the block's values in order: j < 16 in qs[j]'s low nibble, j + 16 in its high
+        for (int k = 0; k < 16; ++k) q[k] = blk[2 + k] & 15, q[k + 16] = blk[2 + k] >> 4;
+        for (int c = 0; c < 4; ++c)
+          for (int i = 0; i < 4; ++i) out[64 * c + 4 * r + i] = q[8 * c + i] | (q[8 * c + 4 + i] << 4);
+      }
     }
   }
   return 0;

@@ -29,8 +29,10 @@ __all__ = ["HOST_LAYOUTS", "converts", "layout_shapes", "convert_layers"]
 
 #: the (layout, encoding name) pairs converted on the host
 HOST_LAYOUTS = frozenset(
-    {("nibbles", e) for e in ("Q4_0", "Q4_1", "Q4_K")} | {("unpacked", e) for e in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")}
+    {("nibbles", e) for e in ("Q4_0", "Q4_1", "Q4_K")} | {("unpacked", e) for e in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")} | {("tiles", "Q4_0")}
 )
+#: rows a conversion task's row range is a multiple of (nibbles pair rows; tiles hold 16)
+_ROW_UNIT = {"nibbles": 2, "unpacked": 1, "tiles": 16}
 _KIND = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q4_K": 3, "Q6_K": 4}  # layouts.cc's Kind
 _BLOCK = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q6_K": (256, 210)}  # values, bytes
 _GROUP = {"Q6_K": 16}  # values per scale (32 for the others)
@@ -59,9 +61,11 @@ def layout_shapes(layout: str, encoding: str, rows: int, cols: int) -> dict[str,
     if (layout, encoding) not in HOST_LAYOUTS:
         raise ValueError(f"no host conversion of {encoding} to the {layout!r} layout (host conversions: {sorted(HOST_LAYOUTS)})")
     per_block = _BLOCK[encoding][0]
-    if cols % per_block or (layout == "nibbles" and rows % 2):
-        raise ValueError(f"{encoding} [{rows}, {cols}] cannot take the {layout!r} layout ({per_block}-value blocks; nibbles pair rows)")
+    if cols % per_block or rows % _ROW_UNIT[layout]:
+        raise ValueError(f"{encoding} [{rows}, {cols}] cannot take the {layout!r} layout ({per_block}-value blocks; nibbles pair rows, tiles hold 16)")
     groups = cols // _GROUP.get(encoding, 32)
+    if layout == "tiles":  # 16 rows a tile: 256 bytes and 16 float16 d per block (maxjax.graph.quantization.tiles)
+        return {"values": ((rows // 16, cols * 8), np.uint8), "scale": ((rows // 16, cols // 2), np.float16), "offset": None}
     if layout == "nibbles":  # two rows per byte; Q4_0/Q4_1: the file's float16 d and m
         values, scale = ((rows // 2, cols), np.uint8), ((rows, groups), np.float16 if encoding != "Q4_K" else np.float32)
     else:  # one byte per value; float32 scales
@@ -82,7 +86,7 @@ def _function(layout: str) -> Any:
         from maxjax.backend.kernels import unavailable_reason
 
         raise RuntimeError(f"maxjax's CPU kernels cannot run here: {unavailable_reason()}")
-    fn = getattr(lib, "maxjax_nibbles_from_blocks" if layout == "nibbles" else "maxjax_unpacked_from_blocks")
+    fn = getattr(lib, f"maxjax_{layout}_from_blocks")
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes = [p, i64, p, i64, i64, i64, ctypes.c_int32, p, p, p]
     fn.restype = ctypes.c_int
@@ -117,7 +121,7 @@ def convert_layers(
         ValueError: shapes, dtypes or row indices that do not fit (naming the layer).
         RuntimeError: the kernels' library cannot be built here.
     """
-    rows, cols = (values.shape[-2] * 2, values.shape[-1]) if layout == "nibbles" else values.shape[-2:]
+    rows, cols = {"nibbles": (values.shape[-2] * 2, values.shape[-1]), "tiles": (values.shape[-2] * 16, values.shape[-1] // 8)}.get(layout, values.shape[-2:])
     want = layout_shapes(layout, encoding, rows, cols)
     n = len(layers)
     for name, arr in (("values", values), ("scale", scale), ("offset", offset)):
@@ -141,7 +145,8 @@ def convert_layers(
                 raise ValueError(f"convert_layers: layer {i}: row indices must be {rows} rows of [0, {src.shape[0]})")
         sources.append((src, index))
     fn, kind = _function(layout), _KIND[encoding]
-    step = max(2, _CHUNK_BYTES // max(1, blocks * bsize) // 2 * 2)
+    unit = _ROW_UNIT[layout]
+    step = max(unit, _CHUNK_BYTES // max(1, blocks * bsize) // unit * unit)
 
     def run(i: int, first: int, count: int) -> None:
         src, index = sources[i]

@@ -47,6 +47,7 @@
 
 namespace ffi = xla::ffi;
 using maxjax_kernels::parallel_for;
+using maxjax_kernels::kDefaultChunks;
 using maxjax_kernels::kStreamChunks;
 
 namespace {
@@ -1169,7 +1170,109 @@ ffi::Error WidenedRows(ffi::ThreadPool pool, ffi::AnyBuffer values, ffi::AnyBuff
   return ffi::Error::Success();
 }
 
+// ---- the tiles layout: Q4_0 in tiles of 16 rows, Q8_0 activations ----------------------------------
+// (layouts.cc: maxjax_tiles_from_blocks) A block of a tile is 256 bytes of nibbles, four 64-byte
+// chunks whose 32-bit lanes are the tile's 16 rows, each with four consecutive values in its low
+// nibbles and the next four in its high; and the rows' 16 float16 scales. One vpdpbusd multiplies
+// 16 rows by four activations at once, every sum stays in its row's lane (no reduction across
+// lanes), and a tile's outputs are 16 consecutive floats: 2-core Zen 5 EPYC, one activation row,
+// 77 Llama-3.2-1B-shaped [8192, 2048] weights in turn, 0.20 ms each (48 GB/s, the two threads'
+// read bandwidth), where the mapped layout's Q8_0 kernel takes 0.24 ms and its float32 0.26 ms; 8
+// rows at once 0.27 ms (495 GMAC/s).
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+constexpr bool kTiles = true;
+constexpr int64_t kTileBlockBytes = 256, kTilePrefetch = 4096;
+
+// Tiles [t0, t1) of one layer (values, scale) times quantized activation rows [m0, m0 + MB): per
+// block, Q8Rows::c (-8 * sum q) + sum q4 * q (so sum (q4 - 8) * q) in int32, times d_w * d_x,
+// summed over the blocks in order in float32.
+template <int MB>
+void tile_rows(const uint8_t* values, const uint16_t* scale, const Q8Rows& a, int64_t nb, int64_t rows, int64_t m0, int64_t t0,
+               int64_t t1, float* out) {
+  const __m512i low4 = _mm512_set1_epi8(15);
+  for (int64_t t = t0; t < t1; ++t) {
+    __m512 acc[MB];
+    for (int j = 0; j < MB; ++j) acc[j] = _mm512_setzero_ps();
+    const uint8_t* v = values + t * nb * kTileBlockBytes;
+    const uint16_t* d = scale + t * nb * 16;
+    for (int64_t b = 0; b < nb; ++b, v += kTileBlockBytes, d += 16) {
+      for (int c = 0; c < 4; ++c) _mm_prefetch(reinterpret_cast<const char*>(v + kTilePrefetch + 64 * c), _MM_HINT_T0);
+      if ((b & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(d) + kTilePrefetch / 8, _MM_HINT_T0);
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d)));
+      __m512i lo[4], hi[4];
+      for (int c = 0; c < 4; ++c) {
+        const __m512i q = _mm512_loadu_si512(v + 64 * c);
+        lo[c] = _mm512_and_si512(q, low4);
+        hi[c] = _mm512_and_si512(_mm512_srli_epi16(q, 4), low4);
+      }
+      for (int j = 0; j < MB; ++j) {
+        const int64_t ab = (m0 + j) * nb + b;
+        int32_t x4[8];  // the block's 32 activations, four to a 32-bit word
+        std::memcpy(x4, a.q.data() + 32 * ab, 32);
+        __m512i s = _mm512_set1_epi32(a.c[8 * ab]);
+        for (int c = 0; c < 4; ++c) {
+          s = dot2_u8s8(s, lo[c], _mm512_set1_epi32(x4[2 * c]));
+          s = dot2_u8s8(s, hi[c], _mm512_set1_epi32(x4[2 * c + 1]));
+        }
+        acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[ab])), acc[j]);
+      }
+    }
+    for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + (m0 + j) * rows + 16 * t, acc[j]);
+  }
+}
+
+void run_tiles(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const uint8_t* values, const uint16_t* scale, int64_t rows,
+               int64_t cols, float* out) {
+  Q8Rows a;
+  quantize_q8(x, m_rows, cols, a);
+  const int64_t nb = cols / 32;
+  // each tile's blocks stay in the core's caches while every activation row passes over them
+  parallel_for(pool, rows / 16, rows * cols * m_rows, [&](int64_t t0, int64_t t1) {
+    if (m_rows == 1) return tile_rows<1>(values, scale, a, nb, rows, 0, t0, t1, out);
+    for (int64_t t = t0; t < t1; ++t)
+      over_rows(m_rows, [&](int64_t m, auto mb) { tile_rows<decltype(mb)::value>(values, scale, a, nb, rows, m, t, t + 1, out); });
+  }, m_rows <= kBatch ? kStreamChunks : kDefaultChunks);
+}
+#else
+constexpr bool kTiles = false;
+#endif
+
+ffi::Error TilesMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> values, ffi::AnyBuffer scale,
+                       ffi::AnyBuffer layer, ffi::ResultBuffer<ffi::F32> out) {
+  if (!kTiles) return ffi::Error::InvalidArgument("tiles matmul: built without AVX-512");
+  const auto vd = values.dimensions();
+  const auto sd = scale.dimensions();
+  const int64_t cols = x.dimensions().back(), m_rows = x.element_count() / cols;
+  const int64_t rows = out->dimensions().back(), nb = cols / 32;
+  if (vd.size() < 2 || cols % 32 || rows % 16 || vd[vd.size() - 2] != rows / 16 || vd.back() != nb * 256)
+    return ffi::Error::InvalidArgument("tiles matmul: x, the values and the output disagree on shapes");
+  if (scale.element_type() != ffi::F16 || sd.size() != vd.size() || sd[sd.size() - 2] != rows / 16 || sd.back() != nb * 16)
+    return ffi::Error::InvalidArgument("tiles matmul: the scales must be float16 [..., rows / 16, cols / 2]");
+  for (size_t i = 0; i + 2 < vd.size(); ++i)
+    if (sd[i] != vd[i]) return ffi::Error::InvalidArgument("tiles matmul: the values and scales have different layers");
+  if (int64_t(out->element_count()) != m_rows * rows) return ffi::Error::InvalidArgument("tiles matmul: the output's shape");
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  const int64_t l = layer_of(layer, vd);
+  run_tiles(pool, x.typed_data(), m_rows, values.typed_data() + l * rows * cols / 2,
+            reinterpret_cast<const uint16_t*>(scale.untyped_data()) + l * rows * nb, rows, cols, out->typed_data());
+#endif
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+// 1 where the tiles layout's product is built (AVX-512), else 0: kernels.tiles_built()
+extern "C" int maxjax_tiles_built() { return kTiles ? 1 : 0; }
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_tiles_matmul, TilesMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x [..., cols]
+                                  .Arg<ffi::Buffer<ffi::U8>>()   // values [layers?, rows / 16, cols * 8]
+                                  .Arg<ffi::AnyBuffer>()         // scale [layers?, rows / 16, cols / 2] f16
+                                  .Arg<ffi::AnyBuffer>()         // layer: int32 [] (or empty: no layer axis)
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // out [..., rows]
+);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_nibbles_matmul, NibblesMatmul,
                               ffi::Ffi::Bind()

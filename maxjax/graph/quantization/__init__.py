@@ -10,6 +10,8 @@
   :class:`DequantizedArray`, :class:`Int8Array` (requantized per channel for int8 dots).
 - :mod:`~maxjax.graph.quantization.mapped`: :class:`MappedArray`, GGUF blocks read in place from
   the mapped file (the ``mapped`` layout).
+- :mod:`~maxjax.graph.quantization.tiles`: :class:`TiledArray`, Q4_0 in tiles of 16 rows for
+  integer dots with Q8_0 activations (the ``tiles`` layout).
 """
 
 from maxjax.graph.quantization.arrays import (
@@ -29,6 +31,7 @@ from maxjax.graph.quantization.arrays import (
 )
 from maxjax.graph.quantization.blocks import dequantize
 from maxjax.graph.quantization.mapped import MAPPED_ENCODINGS, MappedArray
+from maxjax.graph.quantization.tiles import TiledArray
 from maxjax.graph.quantization.gptq import dequantize_gptq, gptq_matmul, perm_idx_from_g_idx
 from maxjax.graph.quantization.encoding import (
     GGUF_ENCODINGS,
@@ -48,6 +51,7 @@ __all__ = [
     "MappedArray",
     "NIBBLE_ENCODINGS",
     "NibbleArray",
+    "TiledArray",
     "PackedArray",
     "QuantizationConfig",
     "QuantizationEncoding",
