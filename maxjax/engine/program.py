@@ -194,7 +194,9 @@ class Program:
                     f"weight {w.name!r}: quantized_layout='mapped' reads a weight in place from its file on one "
                     "device; a weight split over a mesh needs another layout ('nibbles' or 'unpacked')"
                 )
-            if not (packed_only or self._layout_asked or mesh) and self._maps(w.quantization_encoding):
+            if not (packed_only or self._layout_asked or mesh) and self._tiles(w.quantization_encoding):
+                layout = "tiles"  # integer dots with Q8_0 activations (the policy's tiled_encodings)
+            elif not (packed_only or self._layout_asked or mesh) and self._maps(w.quantization_encoding):
                 layout = "mapped"  # read in place from the mapped file (the policy's mapped_encodings)
             rows = w.stored_shape[-2] if len(w.stored_shape) >= 2 else 1
             if layout == "nibbles" and (rows // _row_parts(target, len(w.stored_shape) + stacked)) % 2:
@@ -216,6 +218,13 @@ class Program:
         if w._quantized_class() is not None:  # another encoding: its class reads the stored value
             return jax.device_put(w.as_value(value), target)
         return to_jax_array(value, target)
+
+    def _tiles(self, encoding: Any) -> bool:
+        """Whether the policy lays weights of ``encoding`` out in tiles (its ``tiled_encodings``,
+        where activations are rounded to Q8_0 and the tiles kernel is built)."""
+        from maxjax.backend import kernels
+
+        return self.policy.q8_activations and getattr(encoding, "value", None) in self.policy.tiled_encodings and kernels.tiles_built()
 
     def _maps(self, encoding: Any) -> bool:
         """Whether the policy reads weights of ``encoding`` in place from their mapped file (its

@@ -212,10 +212,14 @@ int maxjax_tiles_from_blocks(const uint8_t* src, int64_t row_bytes, const int64_
       for (int r = 0; r < 16; ++r) {
         const uint8_t* blk = rows[r] + j * 18;
         d[r] = load_u16(blk);
-        uint8_t q[32];  // the block's values in order: j < 16 in qs[j]'s low nibble, j + 16 in its high
-        for (int k = 0; k < 16; ++k) q[k] = blk[2 + k] & 15, q[k + 16] = blk[2 + k] >> 4;
-        for (int c = 0; c < 4; ++c)
-          for (int i = 0; i < 4; ++i) out[64 * c + 4 * r + i] = q[8 * c + i] | (q[8 * c + 4 + i] << 4);
+        // qs byte k holds value k (low nibble) and k + 16 (high): as four 32-bit words w0..w3 (bytes
+        // 0-3, 4-7, 8-11, 12-15), chunk c's word for row r holds values 8c + i low and 8c + 4 + i high
+        uint32_t w[4];
+        std::memcpy(w, blk + 2, 16);
+        constexpr uint32_t kLow = 0x0F0F0F0Fu, kHigh = 0xF0F0F0F0u;
+        const uint32_t chunk[4] = {(w[0] & kLow) | ((w[1] & kLow) << 4), (w[2] & kLow) | ((w[3] & kLow) << 4),
+                                   ((w[0] >> 4) & kLow) | (w[1] & kHigh), ((w[2] >> 4) & kLow) | (w[3] & kHigh)};
+        for (int c = 0; c < 4; ++c) std::memcpy(out + 64 * c + 4 * r, &chunk[c], 4);
       }
     }
   }
