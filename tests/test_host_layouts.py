@@ -59,12 +59,14 @@ def _assert_identical(got: dict, want: dict, what: str) -> None:
 
 @pytest.mark.parametrize("layout,encoding", sorted(layouts.HOST_LAYOUTS))
 def test_bit_identical_to_the_layouts_definitions(layout, encoding):
-    """Two layers of 6 rows (3 blocks a row, 2 for the K-quants), stored in order and permuted,
-    against ``to_layout`` (the jnp definition) of each layer."""
+    """Two layers of 6 rows (3 blocks a row, 2 for the K-quants; 32 rows, two tiles, for
+    ``tiles``), stored in order and permuted, against ``to_layout`` (the jnp definition) of each
+    layer."""
     enc = as_encoding(encoding)
     rows, cols = (6, 512) if encoding in _K_HALVES else (6, 96)  # 2 K-quant blocks, 3 others a row
+    rows = 32 if layout == "tiles" else rows
     stored = [_blocks(encoding, rows, cols, seed) for seed in (0, 1)]
-    orders = [None, np.array([3, 1, 0, 5, 2, 4])]
+    orders = [None, np.array([3, 1, 0, 5, 2, 4]) if rows == 6 else np.random.default_rng(2).permutation(rows)]
     spec = layouts.layout_shapes(layout, encoding, rows, cols)
     out = {k: None if v is None else np.zeros((2, *v[0]), v[1]) for k, v in spec.items()}
     layouts.convert_layers(layout, encoding, list(zip(stored, orders)), out["values"], out["scale"], out["offset"], threads=2)

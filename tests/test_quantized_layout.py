@@ -94,7 +94,7 @@ def test_weights_used_as_bytes_stay_packed():
     x = RNG.standard_normal((1, 64)).astype(np.float32)
     y, raw = jax.jit(prog.apply)(state, x)
     np.testing.assert_array_equal(np.asarray(raw), m.state_dict()["proj.weight"].astype(np.float32))
-    with pytest.raises(ValueError, match="quantized_layout must be one of 'packed', 'unpacked', 'nibbles', 'dequantized', 'int8', 'mapped' or None"):
+    with pytest.raises(ValueError, match="quantized_layout must be one of 'packed', 'unpacked', 'nibbles', 'dequantized', 'int8', 'mapped', 'tiles' or None"):
         Program(g, quantized_layout="fast")
 
 
