@@ -72,10 +72,11 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   (``q8_activations``: ``load_model(arithmetic="q8_0")``), runs on one device and no
   ``quantized_layout`` was asked for; they then take it instead of ``mapped_encodings``. CPU with
   AVX-512 (F, BW) where the kernels build: ``("Q4_0",)`` (2-core Zen 5 EPYC,
-  ``benchmarks/scale.py``, Llama-3.2-1B- and 3B-shaped Q4_0 against ``mapped`` with Q8_0
-  activations: decode 48.8 -> 59.0 tokens/s, 128-token TTFT 0.69 -> 0.33 s at 1B; against
-  llama.cpp with its own repacking, same run: decode 1.12x and 1.07x, TTFT 0.74x and 0.73x, peak
-  RSS 0.74x and 0.60x, load 1.50x and 1.30x); others: ().
+  ``benchmarks/scale.py``, a Llama-3.2-1B-shaped Q4_0 against ``mapped`` with Q8_0
+  activations: decode 48.8 -> 59.0 tokens/s, 128-token TTFT 0.69 -> 0.33 s; 1B-, 3B- and
+  8B-shaped Q4_0 against llama.cpp with its own repacking, one run: decode 1.12x, 1.10x and
+  1.13x, TTFT 0.78x, 0.74x and 0.82x, peak RSS 0.74x, 0.60x and 0.57x, load 1.23x, 1.10x and
+  1.03x, ``benchmarks/results/scale_tiles_zen5_avx512.txt``); others: ().
 - ``q8_activations``: every product with a GGUF-quantized weight (any layout but ``int8``) takes
   its activations rounded to Q8_0 blocks, per 32 values (llama.cpp's ``quantize_row_q8_0``):
   llama.cpp's arithmetic (``ggml_vec_dot_q4_0_q8_0``, ``_q4_1_q8_1``, ``_q8_0_q8_0``), and MAX's
