@@ -33,9 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxjax.backend import BackendPolicy, kernels, policy_for
-from maxjax.graph.quantization.arrays import LAYOUTS, QuantizedArray, UnpackedArray, _check_rows, _GroupScaled
+from maxjax.graph.quantization.arrays import LAYOUTS, UnpackedArray, _check_rows, _GroupScaled
 from maxjax.graph.quantization.blocks import q4_blocks, q8_0_round
-from maxjax.graph.quantization.encoding import QuantizationEncoding, as_encoding
+from maxjax.graph.quantization.encoding import QuantizationEncoding
 
 __all__ = ["TiledArray"]
 
