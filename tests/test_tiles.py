@@ -1,4 +1,4 @@
-"""The ``tiles`` layout (:mod:`maxjax.graph.quantization.tiles`): Q4_0 in tiles of 16 rows,
+"""The ``tiles`` layout (:mod:`maxjax.graph.quantization.tiles`): Q4_0 and Q4_1 in tiles of 16 rows,
 multiplied by Q8_0 activations with integer dots in maxjax's CPU kernel."""
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ PLAIN = cpu_policy(frozenset({"sse4_2"}))  # a CPU without maxjax's kernels: XLA
 needs_kernel = pytest.mark.skipif(not (kernels.available() and kernels.tiles_built()), reason="the tiles kernel is built for AVX-512 CPUs only")
 
 
-def _q4_0(rows: int, cols: int, seed: int) -> np.ndarray:
-    """gguf-quantized Q4_0 rows of varied scale: uint8 [rows, row_bytes]."""
+def _q4_0(rows: int, cols: int, seed: int, enc: E = E.Q4_0) -> np.ndarray:
+    """gguf-quantized rows of varied scale (Q4_1: and offset): uint8 [rows, row_bytes]."""
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((rows, cols)).astype(np.float32) * rng.uniform(0.01, 3.0, (rows, 1)).astype(np.float32)
-    return gguf.quantize(w, gguf.GGMLQuantizationType.Q4_0)
+    return gguf.quantize(w + rng.uniform(-1, 1, (rows, 1)).astype(np.float32), gguf.GGMLQuantizationType[enc.value])
 
 
-def _dequantized(packed: np.ndarray) -> np.ndarray:
-    return gguf.dequantize(packed, gguf.GGMLQuantizationType.Q4_0).astype(np.float64)
+def _dequantized(packed: np.ndarray, enc: E = E.Q4_0) -> np.ndarray:
+    return gguf.dequantize(packed, gguf.GGMLQuantizationType[enc.value]).astype(np.float64)
 
 
 def _q8_0(x: np.ndarray) -> np.ndarray:
@@ -40,42 +40,45 @@ def _q8_0(x: np.ndarray) -> np.ndarray:
     return np.asarray(q8_0_round(jnp.asarray(x)), np.float64)
 
 
-def test_the_layout_holds_the_files_values_and_the_host_writes_the_same_bytes():
+@pytest.mark.parametrize("enc", [E.Q4_0, E.Q4_1])
+def test_the_layout_holds_the_files_values_and_the_host_writes_the_same_bytes(enc):
     """Tiles dequantize to gguf's values bit for bit (a weight and a stack of three); rows taken
     out of a tile (an embedding lookup) are gguf's rows; the host conversion from the file's blocks
     (in the stored order, or through a row index) writes the bytes of the ``jnp`` definition."""
-    packed = np.stack([_q4_0(48, 256, s) for s in range(3)])
-    t = to_layout("tiles", E.Q4_0, jnp.asarray(packed[0]))
+    packed = np.stack([_q4_0(48, 256, s, enc) for s in range(3)])
+    t = to_layout("tiles", enc, jnp.asarray(packed[0]))
     assert isinstance(t, TiledArray) and t.shape == (48, 256) and t.values.shape == (3, 2048) and t.scale.shape == (3, 128)
-    assert t.nbytes == 48 * 256 // 32 * 18  # the file's bytes
-    np.testing.assert_array_equal(np.asarray(t.dequantize()), _dequantized(packed[0]))
-    stack = to_layout("tiles", E.Q4_0, jnp.asarray(packed))
+    assert (t.offset is None) == (enc == E.Q4_0)
+    assert t.nbytes == packed[0].nbytes  # the file's bytes (18 or 20 per block)
+    np.testing.assert_array_equal(np.asarray(t.dequantize()), _dequantized(packed[0], enc))
+    stack = to_layout("tiles", enc, jnp.asarray(packed))
     assert stack.shape == (3, 48, 256)
     for i in range(3):
-        np.testing.assert_array_equal(np.asarray(stack.layer(i).dequantize()), _dequantized(packed[i]))
+        np.testing.assert_array_equal(np.asarray(stack.layer(i).dequantize()), _dequantized(packed[i], enc))
     rows = np.array([0, 17, 47, 33, 16])
-    np.testing.assert_array_equal(np.asarray(t.take(jnp.asarray(rows)).dequantize()), _dequantized(packed[0])[rows])
+    np.testing.assert_array_equal(np.asarray(t.take(jnp.asarray(rows)).dequantize()), _dequantized(packed[0], enc)[rows])
     order = np.random.default_rng(1).permutation(48)
-    spec = layouts.layout_shapes("tiles", "Q4_0", 48, 256)
-    values = np.zeros((2, *spec["values"][0]), np.uint8)
-    scale = np.zeros((2, *spec["scale"][0]), np.float16)
-    layouts.convert_layers("tiles", "Q4_0", [(packed[0], None), (packed[1], order)], values, scale, None)
-    np.testing.assert_array_equal(values[0], np.asarray(t.values))
-    np.testing.assert_array_equal(scale[0].view(np.uint16), np.asarray(t.scale).view(np.uint16))
-    reordered = to_layout("tiles", E.Q4_0, jnp.asarray(packed[1][order]))
-    np.testing.assert_array_equal(values[1], np.asarray(reordered.values))
+    spec = layouts.layout_shapes("tiles", enc.value, 48, 256)
+    out = {k: None if v is None else np.zeros((2, *v[0]), v[1]) for k, v in spec.items()}
+    layouts.convert_layers("tiles", enc.value, [(packed[0], None), (packed[1], order)], out["values"], out["scale"], out["offset"])
+    reordered = to_layout("tiles", enc, jnp.asarray(packed[1][order]))
+    for i, want in enumerate((t, reordered)):
+        for k in ("values", "scale", "offset"):
+            if getattr(want, k) is not None:
+                np.testing.assert_array_equal(out[k][i].view(np.uint8), np.asarray(getattr(want, k)).view(np.uint8))
 
 
 @needs_kernel
+@pytest.mark.parametrize("enc", [E.Q4_0, E.Q4_1])
 @pytest.mark.parametrize("rows,cols", [(48, 256), (16, 2048), (128, 96)])
-def test_products_are_llama_cpps_q8_0_arithmetic_and_each_row_its_own(rows, cols):
+def test_products_are_llama_cpps_q8_0_arithmetic_and_each_row_its_own(rows, cols, enc):
     """1 to 40 activation rows (decode, a batch, a prompt) in the kernel: the float64 product of
     gguf's dequantized weight and the activations rounded to Q8_0 blocks, up to float32 sums; a
     row's outputs are the same bit for bit alone and among 40 rows (per-row integer dots, the
     blocks summed in one order); no kernel (XLA) gives the same values."""
-    packed = _q4_0(rows, cols, 3)
-    t = to_layout("tiles", E.Q4_0, jnp.asarray(packed))
-    w = _dequantized(packed)
+    packed = _q4_0(rows, cols, 3, enc)
+    t = to_layout("tiles", enc, jnp.asarray(packed))
+    w = _dequantized(packed, enc)
     x = np.random.default_rng(4).standard_normal((40, cols)).astype(np.float32)
     whole = np.asarray(t.matmul(jnp.asarray(x), CPU))
     want = _q8_0(x) @ w.T
@@ -102,7 +105,7 @@ def test_a_stacked_layer_is_read_in_place_and_the_gradient_is_the_weights():
 
 
 def test_what_the_layout_cannot_take_is_refused():
-    with pytest.raises(ValueError, match=r"tiles layout takes Q4_0 with rows a multiple of 16, got Q4_0 \[8, 64\]"):
+    with pytest.raises(ValueError, match=r"tiles layout takes Q4_0 and Q4_1 with rows a multiple of 16, got Q4_0 \[8, 64\]"):
         TiledArray.from_packed(E.Q4_0, jnp.asarray(_q4_0(8, 64, 0)))
     q8 = gguf.quantize(np.ones((16, 64), np.float32), gguf.GGMLQuantizationType.Q8_0)
     assert to_layout("tiles", E.Q8_0, jnp.asarray(q8)).layout == "unpacked"  # as every layout a weight cannot take

@@ -71,7 +71,7 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   dots with Q8_0 activations at any number of rows) when the program rounds activations to Q8_0
   (``q8_activations``: ``load_model(arithmetic="q8_0")``), runs on one device and no
   ``quantized_layout`` was asked for; they then take it instead of ``mapped_encodings``. CPU with
-  AVX-512 (F, BW) where the kernels build: ``("Q4_0",)`` (2-core Zen 5 EPYC,
+  AVX-512 (F, BW) where the kernels build: ``("Q4_0", "Q4_1")`` (2-core Zen 5 EPYC,
   ``benchmarks/scale.py``, a Llama-3.2-1B-shaped Q4_0 against ``mapped`` with Q8_0
   activations: decode 48.8 -> 59.0 tokens/s, 128-token TTFT 0.69 -> 0.33 s; 1B-, 3B- and
   8B-shaped Q4_0 against llama.cpp with its own repacking, one run: decode 1.12x, 1.10x and
@@ -320,7 +320,7 @@ class BackendPolicy:
             ``"int8"`` or ``"mapped"``.
         mapped_encodings: GGUF encoding names (``"Q4_0"``, ``"Q8_0"``) read in place from the
             mapped file unless a layout is asked for (see above).
-        tiled_encodings: GGUF encoding names (``"Q4_0"``) that take the ``tiles`` layout where
+        tiled_encodings: GGUF encoding names (``"Q4_0"``, ``"Q4_1"``) that take the ``tiles`` layout where
             activations are rounded to Q8_0 (``q8_activations``) and no layout is asked for.
         weight_left_max_rows: most rows of ``x`` for which ``x @ w.T`` runs weight-left (0: off).
         dequant_row_chunk: rows per block when a large quantized weight is multiplied (0: off).
@@ -417,8 +417,8 @@ class BackendPolicy:
         unknown = set(self.mapped_encodings) - {"Q4_0", "Q8_0"}
         if unknown:
             raise ValueError(f"BackendPolicy.mapped_encodings: maxjax reads only Q4_0 and Q8_0 in place, got {sorted(unknown)}")
-        if set(self.tiled_encodings) - {"Q4_0"}:
-            raise ValueError(f"BackendPolicy.tiled_encodings: the tiles layout takes only Q4_0, got {sorted(self.tiled_encodings)}")
+        if set(self.tiled_encodings) - {"Q4_0", "Q4_1"}:
+            raise ValueError(f"BackendPolicy.tiled_encodings: the tiles layout takes only Q4_0 and Q4_1, got {sorted(self.tiled_encodings)}")
         if self.encoder_rows < 1:
             raise ValueError(f"BackendPolicy.encoder_rows must be at least 1, got {self.encoder_rows}")
 
@@ -692,7 +692,7 @@ def cpu_policy(features: frozenset[str] | None = None) -> BackendPolicy:
         bfloat16_frozen_kernel=_amx.AMX_FLAGS <= flags,
         quantized_layout="nibbles" if avx512 else "unpacked",
         mapped_encodings=("Q4_0", "Q8_0") if avx512 and kernel else (),
-        tiled_encodings=("Q4_0",) if avx512 and "avx512bw" in flags and kernel else (),
+        tiled_encodings=("Q4_0", "Q4_1") if avx512 and "avx512bw" in flags and kernel else (),
         release_freed_heap=True,
         compile_decode_first=True,
         weight_left_max_rows=16,

@@ -211,7 +211,7 @@ def supports(w: Any, rows: int | None = None) -> bool:
         return cols % 32 == 0 and w.encoding.value in _MAPPED_KIND
     if layout == "int8":  # as its channel_view: unpacked int8 values, one group per row
         return cols % 16 == 0 and np.dtype(w.values.dtype) == np.int8
-    if layout == "tiles":  # Q4_0 in tiles of 16 rows: the kernel is built with AVX-512 only
+    if layout == "tiles":  # Q4_0/Q4_1 in tiles of 16 rows: the kernel is built with AVX-512 only
         return cols % 32 == 0 and w.shape[-2] % 16 == 0 and tiles_built()
     if layout == "nibbles":
         return cols % 32 == 0 and np.dtype(w.scale.dtype) in (np.float16, np.float32)
@@ -301,11 +301,12 @@ def _tiles_flag(lib: Any) -> int:
 
 
 def _forward(activations: str, x: Any, w: Any, layer: Any) -> jax.Array:
-    if w.layout == "tiles":  # Q4_0 in tiles of 16 rows, Q8_0 activations
+    if w.layout == "tiles":  # Q4_0/Q4_1 in tiles of 16 rows, Q8_0 activations
         lead, cols, rows = x.shape[:-1], x.shape[-1], w.shape[-2]
         flat = x.reshape(math.prod(lead), cols)
         call = jax.ffi.ffi_call("maxjax_tiles_matmul", jax.ShapeDtypeStruct((flat.shape[0], rows), jnp.float32), vmap_method="sequential")
-        return call(flat, w.values, w.scale, _layer(layer)).reshape(*lead, rows)
+        offset = jnp.zeros((0,), jnp.float16) if w.offset is None else w.offset
+        return call(flat, w.values, w.scale, offset, _layer(layer)).reshape(*lead, rows)
     if w.layout == "mapped":  # the file's blocks, in place
         lead, cols, rows = x.shape[:-1], x.shape[-1], w.shape[-2]
         flat = x.reshape(math.prod(lead), cols)

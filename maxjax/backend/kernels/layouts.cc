@@ -191,18 +191,20 @@ int maxjax_unpacked_from_blocks(const uint8_t* src, int64_t row_bytes, const int
   return 0;
 }
 
-// TiledArray (Q4_0): 16 rows at a time. Tile t (rows 16t..16t+15), block j: 256 bytes of values
+// TiledArray (Q4_0, Q4_1): 16 rows at a time. Tile t (rows 16t..16t+15), block j: 256 bytes of values
 // at values + (t * blocks + j) * 256, four chunks of 64 bytes; byte 4r + i of chunk c holds row
 // 16t + r's value 8c + i of the block in its low nibble and 8c + 4 + i in its high (i < 4); the
-// file's float16 d of row 16t + r's block j at scale + (t * blocks + j) * 16 + r. So one 64-byte
+// file's float16 d of row 16t + r's block j at scale + (t * blocks + j) * 16 + r (Q4_1's m at the
+// same place of offset). So one 64-byte
 // load gives, per 32-bit lane (a row), four consecutive values: vpdpbusd multiplies all sixteen
 // rows by the same four activations. Rows [first, first + count): whole tiles (2 otherwise).
 int maxjax_tiles_from_blocks(const uint8_t* src, int64_t row_bytes, const int64_t* row_index, int64_t first, int64_t count,
                              int64_t blocks, int32_t kind, uint8_t* values, void* scale_out, void* offset_out) {
-  (void)offset_out;
-  if (kind != kQ4_0) return 1;
+  if (kind != kQ4_0 && kind != kQ4_1) return 1;
   if ((first | count) & 15) return 2;
+  const int64_t bsize = kind == kQ4_0 ? 18 : 20, qs_at = kind == kQ4_0 ? 2 : 4;
   uint16_t* scale = static_cast<uint16_t*>(scale_out);
+  uint16_t* offset = static_cast<uint16_t*>(offset_out);
   for (int64_t t = first / 16; t < (first + count) / 16; ++t) {
     const uint8_t* rows[16];
     for (int r = 0; r < 16; ++r) rows[r] = source_row(src, row_bytes, row_index, 16 * t + r);
@@ -210,12 +212,13 @@ int maxjax_tiles_from_blocks(const uint8_t* src, int64_t row_bytes, const int64_
       uint8_t* out = values + (t * blocks + j) * 256;
       uint16_t* d = scale + (t * blocks + j) * 16;
       for (int r = 0; r < 16; ++r) {
-        const uint8_t* blk = rows[r] + j * 18;
+        const uint8_t* blk = rows[r] + j * bsize;
         d[r] = load_u16(blk);
+        if (kind == kQ4_1) offset[(t * blocks + j) * 16 + r] = load_u16(blk + 2);
         // qs byte k holds value k (low nibble) and k + 16 (high): as four 32-bit words w0..w3 (bytes
         // 0-3, 4-7, 8-11, 12-15), chunk c's word for row r holds values 8c + i low and 8c + 4 + i high
         uint32_t w[4];
-        std::memcpy(w, blk + 2, 16);
+        std::memcpy(w, blk + qs_at, 16);
         constexpr uint32_t kLow = 0x0F0F0F0Fu, kHigh = 0xF0F0F0F0u;
         const uint32_t chunk[4] = {(w[0] & kLow) | ((w[1] & kLow) << 4), (w[2] & kLow) | ((w[3] & kLow) << 4),
                                    ((w[0] >> 4) & kLow) | (w[1] & kHigh), ((w[2] >> 4) & kLow) | (w[3] & kHigh)};

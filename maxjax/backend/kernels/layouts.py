@@ -29,7 +29,7 @@ __all__ = ["HOST_LAYOUTS", "converts", "layout_shapes", "convert_layers"]
 
 #: the (layout, encoding name) pairs converted on the host
 HOST_LAYOUTS = frozenset(
-    {("nibbles", e) for e in ("Q4_0", "Q4_1", "Q4_K")} | {("unpacked", e) for e in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")} | {("tiles", "Q4_0")}
+    {("nibbles", e) for e in ("Q4_0", "Q4_1", "Q4_K")} | {("unpacked", e) for e in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")} | {("tiles", e) for e in ("Q4_0", "Q4_1")}
 )
 #: rows a conversion task's row range is a multiple of (nibbles pair rows; tiles hold 16)
 _ROW_UNIT = {"nibbles": 2, "unpacked": 1, "tiles": 16}
@@ -64,8 +64,9 @@ def layout_shapes(layout: str, encoding: str, rows: int, cols: int) -> dict[str,
     if cols % per_block or rows % _ROW_UNIT[layout]:
         raise ValueError(f"{encoding} [{rows}, {cols}] cannot take the {layout!r} layout ({per_block}-value blocks; nibbles pair rows, tiles hold 16)")
     groups = cols // _GROUP.get(encoding, 32)
-    if layout == "tiles":  # 16 rows a tile: 256 bytes and 16 float16 d per block (maxjax.graph.quantization.tiles)
-        return {"values": ((rows // 16, cols * 8), np.uint8), "scale": ((rows // 16, cols // 2), np.float16), "offset": None}
+    if layout == "tiles":  # 16 rows a tile: 256 bytes and 16 float16 d (and m) per block (maxjax.graph.quantization.tiles)
+        scale = ((rows // 16, cols // 2), np.float16)
+        return {"values": ((rows // 16, cols * 8), np.uint8), "scale": scale, "offset": scale if encoding == "Q4_1" else None}
     if layout == "nibbles":  # two rows per byte; Q4_0/Q4_1: the file's float16 d and m
         values, scale = ((rows // 2, cols), np.uint8), ((rows, groups), np.float16 if encoding != "Q4_K" else np.float32)
     else:  # one byte per value; float32 scales

@@ -1183,22 +1183,29 @@ ffi::Error WidenedRows(ffi::ThreadPool pool, ffi::AnyBuffer values, ffi::AnyBuff
 constexpr bool kTiles = true;
 constexpr int64_t kTileBlockBytes = 256, kTilePrefetch = 4096;
 
-// Tiles [t0, t1) of one layer (values, scale) times quantized activation rows [m0, m0 + MB): per
-// block, Q8Rows::c (-8 * sum q) + sum q4 * q (so sum (q4 - 8) * q) in int32, times d_w * d_x,
-// summed over the blocks in order in float32.
-template <int MB>
-void tile_rows(const uint8_t* values, const uint16_t* scale, const Q8Rows& a, int64_t nb, int64_t rows, int64_t m0, int64_t t0,
-               int64_t t1, float* out) {
+// Tiles [t0, t1) of one layer (values, scale, and Q4_1's offset) times quantized activation rows
+// [m0, m0 + MB): per block, in int32, sum q4 * q plus, for Q4_0, Q8Rows::c (-8 * sum q: so sum
+// (q4 - 8) * q), times d_w * d_x; for Q4_1 plus m_w * (d_x * sum q) (Q8Rows::ds); summed over the
+// blocks in order in float32 (llama.cpp's ggml_vec_dot_q4_0_q8_0 and _q4_1_q8_1 arithmetic).
+template <bool Offset, int MB>
+void tile_rows(const uint8_t* values, const uint16_t* scale, const uint16_t* offset, const Q8Rows& a, int64_t nb, int64_t rows,
+               int64_t m0, int64_t t0, int64_t t1, float* out) {
   const __m512i low4 = _mm512_set1_epi8(15);
   for (int64_t t = t0; t < t1; ++t) {
     __m512 acc[MB];
     for (int j = 0; j < MB; ++j) acc[j] = _mm512_setzero_ps();
     const uint8_t* v = values + t * nb * kTileBlockBytes;
     const uint16_t* d = scale + t * nb * 16;
+    const uint16_t* mo = Offset ? offset + t * nb * 16 : nullptr;
     for (int64_t b = 0; b < nb; ++b, v += kTileBlockBytes, d += 16) {
       for (int c = 0; c < 4; ++c) _mm_prefetch(reinterpret_cast<const char*>(v + kTilePrefetch + 64 * c), _MM_HINT_T0);
       if ((b & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(d) + kTilePrefetch / 8, _MM_HINT_T0);
       const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d)));
+      __m512 mw = _mm512_setzero_ps();
+      if (Offset) {
+        if ((b & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(mo + 16 * b) + kTilePrefetch / 8, _MM_HINT_T0);
+        mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mo + 16 * b)));
+      }
       __m512i lo[4], hi[4];
       for (int c = 0; c < 4; ++c) {
         const __m512i q = _mm512_loadu_si512(v + 64 * c);
@@ -1209,28 +1216,30 @@ void tile_rows(const uint8_t* values, const uint16_t* scale, const Q8Rows& a, in
         const int64_t ab = (m0 + j) * nb + b;
         int32_t x4[8];  // the block's 32 activations, four to a 32-bit word
         std::memcpy(x4, a.q.data() + 32 * ab, 32);
-        __m512i s = _mm512_set1_epi32(a.c[8 * ab]);
+        __m512i s = Offset ? _mm512_setzero_si512() : _mm512_set1_epi32(a.c[8 * ab]);
         for (int c = 0; c < 4; ++c) {
           s = dot2_u8s8(s, lo[c], _mm512_set1_epi32(x4[2 * c]));
           s = dot2_u8s8(s, hi[c], _mm512_set1_epi32(x4[2 * c + 1]));
         }
         acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[ab])), acc[j]);
+        if (Offset) acc[j] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.ds[ab]), acc[j]);
       }
     }
     for (int j = 0; j < MB; ++j) _mm512_storeu_ps(out + (m0 + j) * rows + 16 * t, acc[j]);
   }
 }
 
-void run_tiles(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const uint8_t* values, const uint16_t* scale, int64_t rows,
-               int64_t cols, float* out) {
+template <bool Offset>
+void run_tiles(ffi::ThreadPool& pool, const float* x, int64_t m_rows, const uint8_t* values, const uint16_t* scale,
+               const uint16_t* offset, int64_t rows, int64_t cols, float* out) {
   Q8Rows a;
   quantize_q8(x, m_rows, cols, a);
   const int64_t nb = cols / 32;
   // each tile's blocks stay in the core's caches while every activation row passes over them
   parallel_for(pool, rows / 16, rows * cols * m_rows, [&](int64_t t0, int64_t t1) {
-    if (m_rows == 1) return tile_rows<1>(values, scale, a, nb, rows, 0, t0, t1, out);
+    if (m_rows == 1) return tile_rows<Offset, 1>(values, scale, offset, a, nb, rows, 0, t0, t1, out);
     for (int64_t t = t0; t < t1; ++t)
-      over_rows(m_rows, [&](int64_t m, auto mb) { tile_rows<decltype(mb)::value>(values, scale, a, nb, rows, m, t, t + 1, out); });
+      over_rows(m_rows, [&](int64_t m, auto mb) { tile_rows<Offset, decltype(mb)::value>(values, scale, offset, a, nb, rows, m, t, t + 1, out); });
   }, m_rows <= kBatch ? kStreamChunks : kDefaultChunks);
 }
 #else
@@ -1238,7 +1247,7 @@ constexpr bool kTiles = false;
 #endif
 
 ffi::Error TilesMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> values, ffi::AnyBuffer scale,
-                       ffi::AnyBuffer layer, ffi::ResultBuffer<ffi::F32> out) {
+                       ffi::AnyBuffer offset, ffi::AnyBuffer layer, ffi::ResultBuffer<ffi::F32> out) {
   if (!kTiles) return ffi::Error::InvalidArgument("tiles matmul: built without AVX-512");
   const auto vd = values.dimensions();
   const auto sd = scale.dimensions();
@@ -1250,11 +1259,18 @@ ffi::Error TilesMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffe
     return ffi::Error::InvalidArgument("tiles matmul: the scales must be float16 [..., rows / 16, cols / 2]");
   for (size_t i = 0; i + 2 < vd.size(); ++i)
     if (sd[i] != vd[i]) return ffi::Error::InvalidArgument("tiles matmul: the values and scales have different layers");
+  const bool has_offset = offset.element_count() != 0;
+  if (has_offset && (offset.element_type() != ffi::F16 || offset.element_count() != scale.element_count()))
+    return ffi::Error::InvalidArgument("tiles matmul: the offsets must be float16 like the scales, or empty");
   if (int64_t(out->element_count()) != m_rows * rows) return ffi::Error::InvalidArgument("tiles matmul: the output's shape");
 #if defined(__AVX512F__) && defined(__AVX512BW__)
   const int64_t l = layer_of(layer, vd);
-  run_tiles(pool, x.typed_data(), m_rows, values.typed_data() + l * rows * cols / 2,
-            reinterpret_cast<const uint16_t*>(scale.untyped_data()) + l * rows * nb, rows, cols, out->typed_data());
+  const uint8_t* v = values.typed_data() + l * rows * cols / 2;
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(scale.untyped_data()) + l * rows * nb;
+  if (has_offset)
+    run_tiles<true>(pool, x.typed_data(), m_rows, v, s, reinterpret_cast<const uint16_t*>(offset.untyped_data()) + l * rows * nb, rows, cols, out->typed_data());
+  else
+    run_tiles<false>(pool, x.typed_data(), m_rows, v, s, nullptr, rows, cols, out->typed_data());
 #endif
   return ffi::Error::Success();
 }
@@ -1270,6 +1286,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(maxjax_tiles_matmul, TilesMatmul,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // x [..., cols]
                                   .Arg<ffi::Buffer<ffi::U8>>()   // values [layers?, rows / 16, cols * 8]
                                   .Arg<ffi::AnyBuffer>()         // scale [layers?, rows / 16, cols / 2] f16
+                                  .Arg<ffi::AnyBuffer>()         // offset (Q4_1's m), like scale, or empty
                                   .Arg<ffi::AnyBuffer>()         // layer: int32 [] (or empty: no layer axis)
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out [..., rows]
 );
