@@ -130,6 +130,12 @@ def test_few_rows_run_in_the_kernel_reading_a_stacked_layer_in_place():
     np.testing.assert_allclose(np.asarray(head.matmul(x1, CPU)), np.asarray(head.matmul(x1, plain)), rtol=1e-4, atol=1e-4)
 
 
+def test_a_weight_of_no_rows_requantizes_to_an_empty_one():
+    packed = jnp.zeros((2, 0, 72), jnp.uint8)  # two layers of no Q4_0 rows of 128 values
+    q = to_layout("int8", QuantizationEncoding.Q4_0, packed)
+    assert q.shape == (2, 0, 128) and q.scale.shape == (2, 0)
+
+
 def test_requantizing_in_blocks_of_rows_equals_all_at_once():
     """A weight of more rows than one conversion block is requantized block by block (bounded
     float32 temporaries); each row's int8 values and scale are those of converting it alone."""

@@ -153,3 +153,36 @@ def test_tiles_with_another_arithmetic_is_one_line(tiny, capsys):
     assert capsys.readouterr().err.strip().splitlines() == [
         "maxjax generate: error: quantized_layout='tiles' multiplies Q8_0 activations (arithmetic='q8_0'), not arithmetic='float32'"
     ]
+
+
+@needs_kernel
+def test_weights_that_make_no_whole_tiles_take_the_layout_they_took_before(tmp_path):
+    """With Q8_0 activations the policy tiles the Q4_0 and Q4_1 weights whose rows make whole
+    tiles (the test Llama's Q4_1 blocks); a Q4_0 token embedding of 264 rows is read in place from
+    the file (``mapped``), as without tiles, and the model's logits are those of every weight in
+    the layout it took before (mapped and nibbles), up to float32 sums."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import llama_files as L
+
+    from maxjax.models import load_model
+
+    tensors = L.gguf_tensors()
+    embd = np.random.default_rng(7).standard_normal((L.VOCAB, L.HIDDEN)).astype(np.float32)
+    tensors["token_embd.weight"] = (gguf.quantize(embd, gguf.GGMLQuantizationType.Q4_0), gguf.GGMLQuantizationType.Q4_0)
+    path = L.write_gguf(tmp_path / "m.gguf", L.gguf_metadata(), tensors)
+    lm = load_model(path, arithmetic="q8_0")
+    layouts_of = {(x.layout, x.encoding.value) for x in jax.tree.leaves(lm.state, is_leaf=lambda x: isinstance(x, QuantizedArray)) if isinstance(x, QuantizedArray)}
+    assert layouts_of == {("mapped", "Q4_0"), ("tiles", "Q4_1")}
+    before = load_model(path, arithmetic="q8_0", policy=dataclasses.replace(CPU, tiled_encodings=()))
+    ids = np.asarray([[5, 9, 40, 7, 200]], np.int32)
+    got = np.asarray(lm.prefill(ids, [5], *lm.new_cache(1, 16))[1])
+    want = np.asarray(before.prefill(ids, [5], *before.new_cache(1, 16))[1])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_tiles_through_the_policy_is_refused_with_another_arithmetic(tiny):
+    from maxjax.models import load_model
+
+    policy = dataclasses.replace(CPU, quantized_layout="tiles")
+    with pytest.raises(ValueError, match=r"quantized_layout='tiles' multiplies Q8_0 activations \(arithmetic='q8_0'\), not arithmetic='float32'"):
+        load_model(tiny, policy=policy, arithmetic="float32")

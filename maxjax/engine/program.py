@@ -194,7 +194,7 @@ class Program:
                     f"weight {w.name!r}: quantized_layout='mapped' reads a weight in place from its file on one "
                     "device; a weight split over a mesh needs another layout ('nibbles' or 'unpacked')"
                 )
-            if not (packed_only or self._layout_asked or mesh) and self._tiles(w.quantization_encoding):
+            if not (packed_only or self._layout_asked or mesh) and self._tiles(w.quantization_encoding, w.stored_shape):
                 layout = "tiles"  # integer dots with Q8_0 activations (the policy's tiled_encodings)
             elif not (packed_only or self._layout_asked or mesh) and self._maps(w.quantization_encoding):
                 layout = "mapped"  # read in place from the mapped file (the policy's mapped_encodings)
@@ -219,12 +219,17 @@ class Program:
             return jax.device_put(w.as_value(value), target)
         return to_jax_array(value, target)
 
-    def _tiles(self, encoding: Any) -> bool:
-        """Whether the policy lays weights of ``encoding`` out in tiles (its ``tiled_encodings``,
-        where activations are rounded to Q8_0 and the tiles kernel is built)."""
+    def _tiles(self, encoding: Any, stored_shape: Any) -> bool:
+        """Whether the policy lays a weight of ``encoding`` and ``stored_shape`` out in tiles (its
+        ``tiled_encodings``, where activations are rounded to Q8_0, the tiles kernel is built and
+        the weight makes whole tiles; one that does not, e.g. a vocabulary of 32002 rows, is
+        mapped or converted as the policy otherwise would)."""
         from maxjax.backend import kernels
+        from maxjax.graph.quantization import layout_for
 
-        return self.policy.q8_activations and getattr(encoding, "value", None) in self.policy.tiled_encodings and kernels.tiles_built()
+        if not (self.policy.q8_activations and getattr(encoding, "value", None) in self.policy.tiled_encodings and kernels.tiles_built()):
+            return False
+        return layout_for("tiles", encoding, encoding.logical_shape(tuple(stored_shape))) == "tiles"
 
     def _maps(self, encoding: Any) -> bool:
         """Whether the policy reads weights of ``encoding`` in place from their mapped file (its

@@ -357,9 +357,14 @@ def _layout_for_arithmetic(arithmetic: str, quantized_layout: str | None, policy
 
     if arithmetic not in ARITHMETIC:
         raise ValueError(f"arithmetic must be one of {', '.join(ARITHMETIC)}, got {arithmetic!r}")
-    if quantized_layout == "tiles":  # integer dots with Q8_0 activations, by definition
+    if (quantized_layout or policy_for(policy).quantized_layout) == "tiles":  # integer dots with Q8_0 activations, by definition
         if arithmetic not in ("auto", "q8_0"):
             raise ValueError(f"quantized_layout='tiles' multiplies Q8_0 activations (arithmetic='q8_0'), not arithmetic={arithmetic!r}")
+        from maxjax.backend import kernels
+
+        if policy_for(policy).platform == "cpu" and not (kernels.available() and kernels.tiles_built()):
+            why = kernels.unavailable_reason() or "the kernels here are built without AVX-512"
+            raise ValueError(f"quantized_layout='tiles' needs maxjax's tiles kernel (AVX-512 CPUs): {why}; 'nibbles' or 'mapped' run here")
         _require_gguf("q8_0", model)
         return quantized_layout
     if arithmetic == "auto":
@@ -398,7 +403,7 @@ def _policy_for_arithmetic(arithmetic: str, policy: Any, quantized_layout: str |
 
     from maxjax.backend import policy_for
 
-    if quantized_layout == "tiles":  # its arithmetic, for every other quantized weight too
+    if (quantized_layout or policy_for(policy).quantized_layout) == "tiles":  # its arithmetic, for every other quantized weight too
         arithmetic = "q8_0"
     want = {"q8_0": True, "float32": False}.get(arithmetic)
     if want is not None and policy_for(policy).q8_activations != want:

@@ -225,10 +225,11 @@ def quantized_matmul(x: Any, w: Any, layer: Any = None, activations: str = "floa
     Args:
         x: float32 ``[..., cols]``.
         w: a :class:`~maxjax.graph.quantization.arrays.NibbleArray`,
-            :class:`~maxjax.graph.quantization.arrays.UnpackedArray`, ``MappedArray`` or
+            :class:`~maxjax.graph.quantization.arrays.UnpackedArray`, ``MappedArray``,
             :class:`~maxjax.graph.quantization.arrays.Int8Array` (its rotated activations times its
-            ``channel_view`` in float32) of logical shape ``[rows, cols]``, or a stack of them
-            ``[layers, rows, cols]`` (leaves with a leading layer axis).
+            ``channel_view`` in float32) or :class:`~maxjax.graph.quantization.TiledArray` (Q8_0
+            activations only) of logical shape ``[rows, cols]``, or a stack of them ``[layers,
+            rows, cols]`` (leaves with a leading layer axis).
         layer: int32 scalar, the layer of a stacked ``w`` (clamped into range); None for a 2-D one.
         activations: ``"float32"``, or ``"Q8_0"`` for a weight :func:`takes_q8_0_activations`:
             each row of ``x`` is quantized per 32-value block to Q8_0 and each block's product is
@@ -244,7 +245,8 @@ def quantized_matmul(x: Any, w: Any, layer: Any = None, activations: str = "floa
     Raises:
         ValueError: a weight the kernels do not take; ``x`` not float32 or its features not
             ``cols``; a layer index for a 2-D weight or none for a stack; ``"Q8_0"`` activations
-            for a weight that does not take them, or unknown ``activations``.
+            for a weight that does not take them, float32 activations for a ``tiles`` one, or unknown
+            ``activations``.
         RuntimeError: the kernels cannot run here (:func:`unavailable_reason` says why).
     """
     reason = _load()
@@ -279,8 +281,8 @@ ACTIVATIONS = ("float32", "Q8_0")
 def takes_q8_0_activations(w: Any) -> bool:
     """Whether the kernel multiplies ``w`` with Q8_0 activations (:func:`quantized_matmul`): a
     ``nibbles`` weight (4-bit values with scales, and offsets or not), an ``unpacked`` one with
-    one scale per 32 values (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K; not Q6_K's 16), or a ``mapped`` one
-    (Q4_0, Q8_0)."""
+    one scale per 32 values (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K; not Q6_K's 16), a ``mapped`` one
+    (Q4_0, Q8_0), or a ``tiles`` one (which takes only them)."""
     layout = getattr(w, "layout", None)
     if layout == "unpacked":  # one scale per 32 values, as the activations' blocks
         return w.shape[-1] == 32 * w.scale.shape[-1]

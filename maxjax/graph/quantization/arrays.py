@@ -710,7 +710,7 @@ def _int8_jit(enc: QuantizationEncoding, packed: jax.Array) -> Int8Array:
         values, scale = lax.map(rows, flat.reshape(total // block, block, row_bytes))
     else:
         values, scale = rows(flat)
-    return Int8Array(enc, values.reshape(*lead, -1), scale.reshape(lead), rotated)
+    return Int8Array(enc, values.reshape(*lead, enc.logical_shape(packed.shape)[-1]), scale.reshape(lead), rotated)
 
 
 #: the layouts by name

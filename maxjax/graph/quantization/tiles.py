@@ -5,9 +5,10 @@ llama.cpp's own road to memory speed on x86 (its ``q4_0x8`` repacking, ``ggml-cp
 the file's blocks are copied once at load into an order where one 512-bit register holds sixteen
 rows' values, four consecutive values per 32-bit lane, so that ``vpdpbusd`` multiplies sixteen
 rows by the same four activations and every sum stays in its row's lane. maxjax's kernel
-(``matvec.cc``, ``maxjax_tiles_matmul``) reads a tile's blocks once for every activation row, so
-the same layout serves batch-1 decode (bound by memory), batched decode and a prompt's GEMM
-(bound by the integer dots).
+(``matvec.cc``, ``maxjax_tiles_matmul``) streams the tiles once for one activation row, and with
+more passes each tile over every group of up to 8 rows while it is in the core's caches, so the
+same layout serves batch-1 decode (bound by memory), batched decode and a prompt's GEMM (bound by
+the integer dots).
 
 Layout of a ``[rows, cols]`` weight (``rows`` a multiple of 16, ``cols`` of 32), with ``nb =
 cols / 32`` blocks per row:
