@@ -6,7 +6,9 @@ the parent, and passed to every worker); maxjax runs with each of its CPU weight
 (``maxjax``: the default ``quantized_layout="nibbles"``, 4-bit weights kept at 4 bits, float32
 arithmetic; ``maxjax_unpacked``: ``"unpacked"``, one byte per value; ``maxjax_int8``:
 ``load_model(..., arithmetic="int8")``, the ``int8`` layout whose products of at least the policy's
-``int8_min_rows`` (16 on the CPU) rows run as int8 dots, so batch >= 16 decode and prefill do):
+``int8_min_rows`` (16 on the CPU) rows run as int8 dots, so batch >= 16 decode and prefill do;
+``maxjax_tiles``: ``load_model(..., arithmetic="q8_0")``, the ``tiles`` layout, Q8_0 activations
+and integer dots at every batch size):
 
 1. maxjax (``maxjax.models.load_model``): the low-level serving calls, timed separately after
    warm-up: ``prefill`` of a 128-token prompt at batch 1 (tokens/s); decode at batch 1 and at
@@ -87,16 +89,17 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-ENGINES = ("maxjax", "maxjax_unpacked", "maxjax_int8", "base", "base_unpacked", "hf", "llama")
+ENGINES = ("maxjax", "maxjax_unpacked", "maxjax_int8", "maxjax_tiles", "base", "base_unpacked", "hf", "llama")
 LABELS = {"maxjax": "maxjax 4-bit (JAX)", "maxjax_unpacked": "maxjax unpacked (JAX)", "maxjax_int8": "maxjax int8 dots (JAX)",
+          "maxjax_tiles": "maxjax tiles, Q8_0 acts",
           "base": "baseline 4-bit", "base_unpacked": "baseline unpacked", "hf": "HF transformers (torch f32)",
           "llama": "llama.cpp"}  # fmt: skip
 #: the quantized_layout each maxjax engine loads with (see maxjax.models.load_model); "base*" are the
 #: same workers run on another source tree (--baseline DIR, e.g. a worktree of the previous commit)
-LAYOUTS = {"maxjax": "nibbles", "maxjax_unpacked": "unpacked", "maxjax_int8": "int8", "base": "nibbles",
+LAYOUTS = {"maxjax": "nibbles", "maxjax_unpacked": "unpacked", "maxjax_int8": "int8", "maxjax_tiles": "tiles", "base": "nibbles",
            "base_unpacked": "unpacked"}  # fmt: skip
 #: the maxjax engines (the same worker), and the ones whose figures the batched goal is checked on
-MAXJAX = ("maxjax", "maxjax_unpacked", "maxjax_int8")
+MAXJAX = ("maxjax", "maxjax_unpacked", "maxjax_int8", "maxjax_tiles")
 LONG_PROMPT = 128  # prefill / time-to-first-token prompt length
 SHORT_PROMPT = 16  # decode prompts' length
 BATCH = 16
@@ -593,6 +596,7 @@ def worker_llama(req: dict) -> dict:
 
 WORKERS = {"maxjax": worker_maxjax, "maxjax_unpacked": lambda req: worker_maxjax({**req, "layout": "unpacked"}),
            "maxjax_int8": lambda req: worker_maxjax({**req, "layout": "int8", "arithmetic": "int8"}),
+           "maxjax_tiles": lambda req: worker_maxjax({**req, "layout": "tiles", "arithmetic": "q8_0"}),
            "base": worker_maxjax, "base_unpacked": lambda req: worker_maxjax({**req, "layout": "unpacked"}),
            "hf": worker_hf, "llama": worker_llama}  # fmt: skip
 
@@ -934,7 +938,7 @@ def plot(r: dict, path: pathlib.Path) -> None:
 
     res = r["engines"]
     engines = [e for e in ENGINES if e in res and "error" not in res[e]]
-    colors = {"maxjax": "tab:blue", "maxjax_unpacked": "tab:cyan", "maxjax_int8": "tab:purple", "base": "tab:gray",
+    colors = {"maxjax": "tab:blue", "maxjax_unpacked": "tab:cyan", "maxjax_int8": "tab:purple", "maxjax_tiles": "tab:green", "base": "tab:gray",
               "base_unpacked": "silver", "hf": "tab:orange", "llama": "tab:green"}  # fmt: skip
     fig, axes = plt.subplots(2, 4, figsize=(20, 8.5))
 
@@ -1110,7 +1114,7 @@ def main(argv=None) -> int:
     }  # fmt: skip
     req = {"gguf": gguf, "long_ids": long_ids, "short_ids": short, "steps": steps, "reps": reps,
            "prefill_reps": prefill_reps, "threads": args.threads, "llama_extra_bufts": args.llama_extra_bufts}  # fmt: skip
-    python = {"maxjax": sys.executable, "maxjax_unpacked": sys.executable, "maxjax_int8": sys.executable, "base": sys.executable,
+    python = {"maxjax": sys.executable, "maxjax_unpacked": sys.executable, "maxjax_int8": sys.executable, "maxjax_tiles": sys.executable, "base": sys.executable,
               "base_unpacked": sys.executable, "hf": args.hf_python, "llama": args.llama_python}  # fmt: skip
     if any(e.startswith("base") for e in engines) and not args.baseline:
         ap.error("the base engines need --baseline DIR")
