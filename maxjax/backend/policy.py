@@ -98,7 +98,9 @@ Choices, and what each policy takes (the CPU figures behind them are in ``benchm
   0.94x at 16, 1.00x at 32; its Q8_0 0.98x at batch 1, bound by memory either way; SmolLM2 Q4_1
   1.21x, 1.09x, 0.95x, 1.04x (since the float32 kernel reads each Q4_0 block's scale alone and
   four rows a pass, whole batch-1 decode only 1.02x / 1.04x / 1.07x at 1B / 3B / 8B and 1.19x at
-  SmolLM2, ``benchmarks/results/scale_zen5_avx512.txt``); held-out perplexity of SmolLM2 (teacher-forced batch-1 decode
+  SmolLM2, ``benchmarks/results/scale_zen5_avx512.txt``; with Q4_0 and Q4_1 in the ``tiles``
+  layout, see ``tiled_encodings``, SmolLM2 1.22x at batch 1, 1.42x at 16 and 1.92x on a
+  128-token prompt, ``benchmarks/results/generate_tiles_zen5_avx512.txt``); held-out perplexity of SmolLM2 (teacher-forced batch-1 decode
   steps) +0.53% (Q4_1) and +0.51% (requantized to Q4_0 by llama.cpp), where llama.cpp's own is
   +0.54% and +0.54%: 24.3979 against 24.3988, 31.0219 against 31.0313
   (``benchmarks/results/q8_activations_zen5_avx512.txt``).
