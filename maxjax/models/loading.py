@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from maxjax.dtype import DType
 from maxjax.models.causal_lm import CausalLM
@@ -306,6 +308,12 @@ def load_model(
     ``jax.sharding.Mesh`` to run tensor parallel over its ``mesh_axes[1]`` axis and data parallel
     over ``mesh_axes[0]`` (see :class:`CausalLM`).
 
+    Python's cyclic garbage collector is paused while the model loads, and restored as it was
+    after: a load allocates hundreds of thousands of long-lived objects (a Llama 3 tokenizer's
+    400k tokens and merges, the traced graph), and a full collection falling inside a load cost
+    0.08-0.09 s of it (a Llama-3.2-1B-shaped Q4_0 file on a 2-core Zen 5 EPYC: 0.39-0.48 -> 0.39-0.40
+    s, alternating runs; the first generation no slower).
+
     Nothing is mapped, built or loaded before the files are known to fit in the memory available
     (:func:`check_fits_in_memory`); then, from the headers alone, the weights in their run-time
     layout plus a KV cache of :data:`KV_CHECK_TOKENS` tokens must fit too (:func:`memory_plan`;
@@ -323,6 +331,25 @@ def load_model(
             ``tiles`` layout) with the ``int8`` layout or on a model without GGUF-quantized
             weights; the ``tiles`` layout with ``"float32"`` or ``"int8"`` arithmetic.
     """
+    with _collector_paused():
+        return _load_model(model, dtype, progress, quantized_layout, policy, mesh, mesh_axes, arithmetic)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside, and as it was after (see :func:`load_model`)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _load_model(model: Any, dtype: DType, progress: Any, quantized_layout: str | None, policy: Any, mesh: Any, mesh_axes: Any,
+                arithmetic: str) -> CausalLM:  # fmt: skip
+    """:func:`load_model`'s body."""
     quantized_layout = _layout_for_arithmetic(arithmetic, quantized_layout, policy, mesh, model)
     policy = _policy_for_arithmetic(arithmetic, policy, quantized_layout)
     path = resolve_model_path(model)
