@@ -182,12 +182,12 @@ def memory_report(lm: Any, generation: Any, rss_before_load: int) -> str:
     rest = peak - weights - kv - rss_before_load
     from maxjax.graph.quantization import QuantizedArray
 
-    quantized = any(isinstance(x, QuantizedArray) for x in jax.tree.leaves(lm.state, is_leaf=lambda x: isinstance(x, QuantizedArray)))
-    layout = getattr(lm.program, "quantized_layout", None) if quantized else None
+    # the layouts the quantized weights took (the policy maps or tiles some encodings)
+    layouts = sorted({x.layout for x in jax.tree.leaves(lm.state, is_leaf=lambda x: isinstance(x, QuantizedArray)) if isinstance(x, QuantizedArray)})
     mb = lambda n: f"{n / 1e6:,.0f} MB"  # noqa: E731
     return (
         f"[memory: peak RSS {mb(peak)} = weights {mb(weights)}"
-        + (f" (quantized layout {layout})" if layout else "")
+        + (f" (quantized layout{'s' if len(layouts) > 1 else ''} {'+'.join(layouts)})" if layouts else "")
         + f" + KV cache {mb(kv)} + before loading {mb(rss_before_load)} (Python, maxjax, JAX) + rest {mb(rest)} "
         "(JAX runtime, compiled programs and their buffers, host copies)]"
     )
