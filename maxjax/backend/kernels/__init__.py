@@ -186,13 +186,14 @@ def _layer(layer: Any) -> jax.Array:
     return jnp.zeros((0,), jnp.int32) if layer is None else jnp.asarray(layer, jnp.int32).reshape(())
 
 
-def _call(target: str, x: Any, rows: int, values: Any, scale: Any, offset: Any, layer: Any) -> jax.Array:
+def _call(target: str, x: Any, rows: int, *operands: Any, layer: Any, **attrs: Any) -> jax.Array:
+    """``x [..., cols]`` times a weight of ``rows`` rows in the kernel ``target``: its operands are
+    ``x`` as rows ``[m, cols]``, ``operands``, then the layer (see :func:`_layer`); returns float32
+    ``[..., rows]``."""
     lead, cols = x.shape[:-1], x.shape[-1]
     flat = x.reshape(math.prod(lead), cols)
-    out = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((flat.shape[0], rows), jnp.float32), vmap_method="sequential")(
-        flat, values, scale, _empty() if offset is None else offset, _layer(layer)
-    )
-    return out.reshape(*lead, rows)
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((flat.shape[0], rows), jnp.float32), vmap_method="sequential")
+    return call(flat, *operands, _layer(layer), **attrs).reshape(*lead, rows)
 
 
 def supports(w: Any, rows: int | None = None) -> bool:
@@ -303,27 +304,15 @@ def _tiles_flag(lib: Any) -> int:
 
 
 def _forward(activations: str, x: Any, w: Any, layer: Any) -> jax.Array:
-    if w.layout == "tiles":  # Q4_0/Q4_1 in tiles of 16 rows, Q8_0 activations
-        lead, cols, rows = x.shape[:-1], x.shape[-1], w.shape[-2]
-        flat = x.reshape(math.prod(lead), cols)
-        call = jax.ffi.ffi_call("maxjax_tiles_matmul", jax.ShapeDtypeStruct((flat.shape[0], rows), jnp.float32), vmap_method="sequential")
-        offset = jnp.zeros((0,), jnp.float16) if w.offset is None else w.offset
-        return call(flat, w.values, w.scale, offset, _layer(layer)).reshape(*lead, rows)
+    rows, index = w.shape[-2], np.int64(ACTIVATIONS.index(activations))
     if w.layout == "mapped":  # the file's blocks, in place
-        lead, cols, rows = x.shape[:-1], x.shape[-1], w.shape[-2]
-        flat = x.reshape(math.prod(lead), cols)
-        call = jax.ffi.ffi_call("maxjax_mapped_matmul", jax.ShapeDtypeStruct((flat.shape[0], rows), jnp.float32), vmap_method="sequential")
         kind = np.int64(_MAPPED_KIND[w.encoding.value])
-        out = call(flat, w.file, w.offsets.reshape(-1), _layer(layer), kind=kind, activations=np.int64(ACTIVATIONS.index(activations)))
-        return out.reshape(*lead, rows)
-    lead, cols, rows = x.shape[:-1], x.shape[-1], w.shape[-2]
-    flat = x.reshape(math.prod(lead), cols)
-    attrs = {"activations": np.int64(ACTIVATIONS.index(activations))}
+        return _call("maxjax_mapped_matmul", x, rows, w.file, w.offsets.reshape(-1), layer=layer, kind=kind, activations=index)
+    offset = _empty() if w.offset is None else w.offset
+    if w.layout == "tiles":  # Q4_0/Q4_1 in tiles of 16 rows, Q8_0 activations
+        return _call("maxjax_tiles_matmul", x, rows, w.values, w.scale, offset, layer=layer)
     target = "maxjax_nibbles_matmul" if w.layout == "nibbles" else "maxjax_unpacked_matmul"
-    out = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((flat.shape[0], rows), jnp.float32), vmap_method="sequential")(
-        flat, w.values, w.scale, _empty() if w.offset is None else w.offset, _layer(layer), **attrs
-    )
-    return out.reshape(*lead, rows)
+    return _call(target, x, rows, w.values, w.scale, offset, layer=layer, activations=index)
 
 
 def mapped_rows(w: Any, start: Any, count: int, layer: Any = None) -> jax.Array:
@@ -446,10 +435,9 @@ def widened_rows(w: Any, start: Any, count: int, layer: Any = None) -> jax.Array
 
 def _widened_forward(widen_rows: int, x: Any, w: Any, layer: Any) -> jax.Array:
     lead, cols, rows = x.shape[:-1], x.shape[-1], w.shape[-2]
-    flat = x.reshape(math.prod(lead), cols)  # [m, cols]
     if not widen_rows:
-        call = jax.ffi.ffi_call("maxjax_widened_matmul", jax.ShapeDtypeStruct((flat.shape[0], rows), jnp.float32), vmap_method="sequential")
-        return call(flat, w, _layer(layer)).reshape(*lead, rows)  # [..., rows]
+        return _call("maxjax_widened_matmul", x, rows, w, layer=layer)  # [..., rows]
+    flat = x.reshape(math.prod(lead), cols)  # [m, cols]
     c, hi = min(widen_rows, rows), jax.lax.Precision.HIGHEST
 
     def block(start: Any, count: int) -> jax.Array:  # [m, count]
