@@ -152,16 +152,8 @@ class QuantizedArray:
         policy = policy_for(policy)
         if self.ndim != 2:
             raise ValueError(f"matmul: {self!r} is not a 2-D weight")
-        dtype = getattr(x, "dtype", None)
-        shape = getattr(x, "shape", None)
-        if dtype is None or shape is None:
-            raise ValueError(f"matmul with {self!r}: x must be a float32 array, got {type(x).__name__}")
-        if np.dtype(dtype) != np.float32:
-            raise ValueError(f"matmul with {self!r}: x must be float32, got {np.dtype(dtype)}")
+        lead = self._rows_of(x)
         rows, cols = self.shape
-        if not shape or not isinstance(shape[-1], (int, np.integer)) or shape[-1] != cols:
-            raise ValueError(f"matmul: x has {shape[-1] if shape else None} features (shape {tuple(shape)}) but {self!r} has {cols} columns")
-        lead = math.prod(shape[:-1])
         if policy.native_matmul(self, lead):  # a few rows: maxjax's CPU kernel
             return self._kernel_product(x, None, policy)
         x = self._activations(x, policy)
@@ -177,6 +169,24 @@ class QuantizedArray:
                 out = y if out is None else out + y
             return out
         return policy.matmul_t(x, self.dequantize())
+
+    def _rows_of(self, x: Any) -> Any:
+        """The rows of ``x`` (the product of its leading axes) for a product with this weight.
+
+        Raises:
+            ValueError: ``x`` is not a float32 array, or its last axis is not ``cols`` (naming
+                both shapes).
+        """
+        dtype = getattr(x, "dtype", None)
+        shape = getattr(x, "shape", None)
+        if dtype is None or shape is None:
+            raise ValueError(f"matmul with {self!r}: x must be a float32 array, got {type(x).__name__}")
+        if np.dtype(dtype) != np.float32:
+            raise ValueError(f"matmul with {self!r}: x must be float32, got {np.dtype(dtype)}")
+        cols = self.shape[-1]
+        if not shape or not isinstance(shape[-1], (int, np.integer)) or shape[-1] != cols:
+            raise ValueError(f"matmul: x has {shape[-1] if shape else None} features (shape {tuple(shape)}) but {self!r} has {cols} columns")
+        return math.prod(shape[:-1])
 
     def layer_matmul(self, x: Any, layer: Any, policy: BackendPolicy | None = None) -> jax.Array:
         """:meth:`matmul` with layer ``layer`` (an int32 scalar, clamped into range) of a stack of

@@ -34,7 +34,6 @@ from typing import Any, ClassVar, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from maxjax.backend import BackendPolicy, kernels, policy_for
 from maxjax.graph.quantization.arrays import LAYOUTS, UnpackedArray, _check_rows, _GroupScaled
@@ -133,11 +132,7 @@ class TiledArray(_GroupScaled):
     def _check(self, x: Any, ndim: int) -> None:
         if self.ndim != ndim:
             raise ValueError(f"{'matmul' if ndim == 2 else 'layer_matmul'}: {self!r} is not {'a 2-D weight' if ndim == 2 else 'a stack of 2-D weights'}")
-        dtype, shape = getattr(x, "dtype", None), getattr(x, "shape", None)
-        if dtype is None or np.dtype(dtype) != np.float32:
-            raise ValueError(f"matmul with {self!r}: x must be float32, got {dtype if dtype is None else np.dtype(dtype)}")
-        if not shape or shape[-1] != self.shape[-1]:
-            raise ValueError(f"matmul: x has {shape[-1] if shape else None} features (shape {tuple(shape or ())}) but {self!r} has {self.shape[-1]} columns")
+        self._rows_of(x)  # float32, cols features
 
     def _product(self, x: Any, layer: Any, policy: BackendPolicy) -> jax.Array:
         if policy.native_matmul(self, 1):  # the kernel takes any number of rows
