@@ -534,6 +534,12 @@ class BackendPolicy:
         many as fit (at least 1; the last block takes the rest)."""
         return max(1, min(rows, self.widened_block_bytes // (4 * cols)))
 
+    def int8_dots(self, lead: Any) -> bool:
+        """Whether an ``int8``-layout weight multiplies ``lead`` input rows (a known count, not a
+        symbolic one) as int8 dots: at least :attr:`int8_min_rows` of them, where that is not 0."""
+        n = self.int8_min_rows
+        return bool(n) and isinstance(lead, (int, np.integer)) and lead >= n
+
     def native_matmul(self, w: Any, lead: Any) -> bool:
         """Whether ``x @ w.T`` of a quantized weight ``w`` (2-D, or a layer stack) with ``lead``
         rows in ``x`` runs in maxjax's CPU kernel (:mod:`maxjax.backend.kernels`): 1 to

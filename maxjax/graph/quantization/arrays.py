@@ -610,8 +610,7 @@ class Int8Array(QuantizedArray):
             return super().matmul(x, policy)  # its checks raise the errors
         lead = math.prod(x.shape[:-1])
         xr = self.rotate(x)  # [..., cols]
-        n = policy.int8_min_rows
-        if n and isinstance(lead, (int, np.integer)) and lead >= n:
+        if policy.int8_dots(lead):
             flat = xr.reshape(lead, xr.shape[-1])
             sx = jnp.max(jnp.abs(flat), axis=-1, keepdims=True) / 127.0  # [lead, 1]
             sx = jnp.where(sx > 0, sx, 1.0)
@@ -633,9 +632,7 @@ class Int8Array(QuantizedArray):
             ValueError: as :meth:`matmul`, or this is not a stack of 2-D weights.
         """
         policy = policy_for(policy)
-        lead = math.prod(getattr(x, "shape", (0,))[:-1])
-        n = policy.int8_min_rows
-        if self.ndim == 3 and n and isinstance(lead, (int, np.integer)) and lead >= n:
+        if self.ndim == 3 and policy.int8_dots(math.prod(getattr(x, "shape", (0,))[:-1])):
             return self.layer(layer).matmul(x, policy)
         return super().layer_matmul(x, layer, policy)
 
