@@ -24,3 +24,16 @@ def smollm2():
     from maxjax.models import load_model
 
     return load_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_q4_0(tmp_path_factory):
+    """A tiny Llama GGUF in Q4_0 (``scripts/make_synthetic_gguf.py``'s ``tiny`` shape: 2 layers
+    of 64 features, a 49152-token vocabulary), written once per test session."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import make_synthetic_gguf as synth
+
+    return synth.write_gguf("tiny", "q4_0", tmp_path_factory.mktemp("synth") / "tiny-q4_0.gguf", verbose=False)

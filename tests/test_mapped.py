@@ -9,7 +9,6 @@ loaded into ``nibbles``.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import gguf
@@ -212,15 +211,7 @@ def test_bad_weights_are_refused():
         BackendPolicy(platform="cpu", mapped_encodings=("Q4_1",))
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import make_synthetic_gguf as synth
-
-    return synth.write_gguf("tiny", "q4_0", tmp_path_factory.mktemp("synth") / "tiny-q4_0.gguf", verbose=False)
-
-
-def test_a_q4_0_model_is_read_in_place_and_decodes_as_nibbles(tiny):
+def test_a_q4_0_model_is_read_in_place_and_decodes_as_nibbles(tiny_q4_0):
     """The CPU policy maps Q4_0 (where the CPU has AVX-512): every quantized weight of the tiny
     Llama is a MappedArray over one map of the file (the Q/K weights with their rows reordered),
     and its prompt logits and greedy tokens equal those of the same file loaded into nibbles."""
@@ -228,8 +219,8 @@ def test_a_q4_0_model_is_read_in_place_and_decodes_as_nibbles(tiny):
     from maxjax.models import load_model
 
     policy = dataclasses.replace(policy_for("cpu"), mapped_encodings=("Q4_0", "Q8_0"), q8_activations=False)
-    lm = load_model(tiny, policy=policy)
-    ref = load_model(tiny, quantized_layout="nibbles", arithmetic="float32")
+    lm = load_model(tiny_q4_0, policy=policy)
+    ref = load_model(tiny_q4_0, quantized_layout="nibbles", arithmetic="float32")
     weights = [x for x in jax.tree.leaves(lm.state, is_leaf=lambda x: isinstance(x, QuantizedArray)) if isinstance(x, QuantizedArray)]
     assert weights and all(isinstance(x, MappedArray) for x in weights)
     assert len({x.file.unsafe_buffer_pointer() for x in weights}) == 1
@@ -241,14 +232,14 @@ def test_a_q4_0_model_is_read_in_place_and_decodes_as_nibbles(tiny):
     (b,) = ref.generate(["Hello there"], max_new_tokens=8, stop_at_eos=False)
     assert a.token_ids == b.token_ids
     # without the kernel (XLA's products), the scan still reads each layer out of the file in place
-    xla = load_model(tiny, policy=dataclasses.replace(policy, native_matmul_max_rows=0))
+    xla = load_model(tiny_q4_0, policy=dataclasses.replace(policy, native_matmul_max_rows=0))
     assert all(isinstance(x, MappedArray) for x in jax.tree.leaves(xla.state, is_leaf=lambda x: isinstance(x, QuantizedArray)) if isinstance(x, QuantizedArray))
     got = np.asarray(xla.prefill(ids, [ids.shape[1]], *xla.new_cache(1, 32))[1])
     np.testing.assert_allclose(got, logits[1], rtol=1e-5, atol=1e-5 * np.abs(logits[1]).max())
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_decode_compiles_before_the_prompt_runs_and_only_once(tiny, caplog, temperature):
+def test_decode_compiles_before_the_prompt_runs_and_only_once(tiny_q4_0, caplog, temperature):
     """With the CPU policy's ``compile_decode_first``, a model read in place from its file
     compiles its decode step, in a generation at a new shape, before the prefill (so that the
     compiler's memory is given back before the weights' pages are touched), and the decode steps
@@ -262,7 +253,7 @@ def test_decode_compiles_before_the_prompt_runs_and_only_once(tiny, caplog, temp
     policy = dataclasses.replace(policy_for("cpu"), mapped_encodings=("Q4_0", "Q8_0"))
     assert policy.compile_decode_first
     for layout, mapped in ((None, True), ("nibbles", False)):
-        lm = load_model(tiny, policy=policy, quantized_layout=layout)
+        lm = load_model(tiny_q4_0, policy=policy, quantized_layout=layout)
         assert lm.weights_mapped == mapped
         caplog.clear()
         with jax.log_compiles(), caplog.at_level(logging.WARNING):
@@ -275,7 +266,7 @@ def test_decode_compiles_before_the_prompt_runs_and_only_once(tiny, caplog, temp
             assert lm.compile_decode(4, min(128, lm.config.max_position_embeddings), temperature > 0) is False
 
 
-def test_q8_0_activations_where_asked_for_whatever_the_path(tiny):
+def test_q8_0_activations_where_asked_for_whatever_the_path(tiny_q4_0):
     """``arithmetic="q8_0"`` (the policy's ``q8_activations``): a Q4_0 model read in place
     multiplies Q8_0-rounded activations, prompt logits close to the float32 ones but not equal;
     ``"float32"`` and the default give the nibbles layout's float32 logits bit for bit. A row's decode logits are the same
@@ -285,9 +276,9 @@ def test_q8_0_activations_where_asked_for_whatever_the_path(tiny):
     from maxjax.models import load_model
 
     policy = dataclasses.replace(policy_for("cpu"), mapped_encodings=("Q4_0", "Q8_0"))
-    lms = {a: load_model(tiny, policy=policy, arithmetic=a) for a in ("q8_0", "float32")}
+    lms = {a: load_model(tiny_q4_0, policy=policy, arithmetic=a) for a in ("q8_0", "float32")}
     assert [m.program.policy.q8_activations for m in lms.values()] == [True, False]
-    ref = load_model(tiny, quantized_layout="nibbles")  # auto: float32
+    ref = load_model(tiny_q4_0, quantized_layout="nibbles")  # auto: float32
     lm = lms["auto"] = lms.pop("q8_0")
     ids = np.asarray([lm.encode_prompt("Hello there, how are")], np.int32)
     n = ids.shape[1]
@@ -307,19 +298,19 @@ def test_q8_0_activations_where_asked_for_whatever_the_path(tiny):
     np.testing.assert_allclose(steps[1], steps[0], rtol=1e-5, atol=1e-5 * np.abs(steps[0]).max())
 
 
-def test_q8_0_arithmetic_is_refused_where_it_cannot_apply(tiny, tmp_path):
+def test_q8_0_arithmetic_is_refused_where_it_cannot_apply(tiny_q4_0, tmp_path):
     """``arithmetic="q8_0"`` with the requantized ``int8`` layout, or on a Hugging Face model
     of float weights: one line that says why and what runs instead."""
     from maxjax.models import load_model
 
     with pytest.raises(ValueError, match=r"arithmetic='q8_0' multiplies the file's values; quantized_layout='int8' requantizes them"):
-        load_model(tiny, arithmetic="q8_0", quantized_layout="int8")
+        load_model(tiny_q4_0, arithmetic="q8_0", quantized_layout="int8")
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ValueError, match=r"arithmetic='q8_0' needs a GGUF-quantized model; .* has float weights \(arithmetic='float32' runs it\)"):
         load_model(tmp_path, arithmetic="q8_0")
 
 
-def test_a_mesh_refuses_an_explicit_mapped_layout(tiny):
+def test_a_mesh_refuses_an_explicit_mapped_layout(tiny_q4_0):
     """A weight split over a mesh cannot be read in place from one file: asking for ``mapped``
     there raises, naming the weight; without asking, the policy's layout is used."""
     from maxjax.models import load_model
@@ -328,4 +319,4 @@ def test_a_mesh_refuses_an_explicit_mapped_layout(tiny):
         pytest.skip("needs 2 devices (XLA_FLAGS=--xla_force_host_platform_device_count)")
     mesh = jax.make_mesh((2,), ("tp",), devices=jax.devices()[:2])
     with pytest.raises(ValueError, match=r"quantized_layout='mapped' reads a weight in place from its file on one device"):
-        load_model(tiny, mesh=mesh, quantized_layout="mapped")
+        load_model(tiny_q4_0, mesh=mesh, quantized_layout="mapped")

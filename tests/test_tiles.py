@@ -115,24 +115,16 @@ def test_what_the_layout_cannot_take_is_refused():
             kernels.quantized_matmul(jnp.ones((1, 64), jnp.float32), t)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import make_synthetic_gguf as synth
-
-    return synth.write_gguf("tiny", "q4_0", tmp_path_factory.mktemp("synth") / "tiny-q4_0.gguf", verbose=False)
-
-
 @needs_kernel
-def test_a_q4_0_model_in_tiles_runs_the_q8_0_arithmetic(tiny):
+def test_a_q4_0_model_in_tiles_runs_the_q8_0_arithmetic(tiny_q4_0):
     """``load_model(quantized_layout="tiles")``: every quantized weight of the tiny Llama is a
     TiledArray (converted on the host), the policy rounds activations to Q8_0, and its prompt
     logits and greedy tokens are those of the mapped layout's Q8_0 arithmetic (the same values,
     summed in another order); a prompt's last logits equal a 1-token prefill's continuation."""
     from maxjax.models import load_model
 
-    lm = load_model(tiny, quantized_layout="tiles")
-    ref = load_model(tiny, arithmetic="q8_0", policy=dataclasses.replace(CPU, mapped_encodings=("Q4_0",)))
+    lm = load_model(tiny_q4_0, quantized_layout="tiles")
+    ref = load_model(tiny_q4_0, arithmetic="q8_0", policy=dataclasses.replace(CPU, mapped_encodings=("Q4_0",)))
     weights = [x for x in jax.tree.leaves(lm.state, is_leaf=lambda x: isinstance(x, QuantizedArray)) if isinstance(x, QuantizedArray)]
     assert weights and all(isinstance(x, TiledArray) and isinstance(x.values, jax.Array) for x in weights)
     assert lm.program.policy.q8_activations
@@ -146,10 +138,10 @@ def test_a_q4_0_model_in_tiles_runs_the_q8_0_arithmetic(tiny):
     assert a == b
 
 
-def test_tiles_with_another_arithmetic_is_one_line(tiny, capsys):
+def test_tiles_with_another_arithmetic_is_one_line(tiny_q4_0, capsys):
     from maxjax.cli import main
 
-    assert main(["generate", "--model", str(tiny), "--quantized-layout", "tiles", "--arithmetic", "float32", "--max-new-tokens", "2", "hi"]) == 1
+    assert main(["generate", "--model", str(tiny_q4_0), "--quantized-layout", "tiles", "--arithmetic", "float32", "--max-new-tokens", "2", "hi"]) == 1
     assert capsys.readouterr().err.strip().splitlines() == [
         "maxjax generate: error: quantized_layout='tiles' multiplies Q8_0 activations (arithmetic='q8_0'), not arithmetic='float32'"
     ]
@@ -180,9 +172,9 @@ def test_weights_that_make_no_whole_tiles_take_the_layout_they_took_before(tmp_p
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
-def test_tiles_through_the_policy_is_refused_with_another_arithmetic(tiny):
+def test_tiles_through_the_policy_is_refused_with_another_arithmetic(tiny_q4_0):
     from maxjax.models import load_model
 
     policy = dataclasses.replace(CPU, quantized_layout="tiles")
     with pytest.raises(ValueError, match=r"quantized_layout='tiles' multiplies Q8_0 activations \(arithmetic='q8_0'\), not arithmetic='float32'"):
-        load_model(tiny, policy=policy, arithmetic="float32")
+        load_model(tiny_q4_0, policy=policy, arithmetic="float32")
