@@ -384,7 +384,7 @@ def _layout_for_arithmetic(arithmetic: str, quantized_layout: str | None, policy
 
     if arithmetic not in ARITHMETIC:
         raise ValueError(f"arithmetic must be one of {', '.join(ARITHMETIC)}, got {arithmetic!r}")
-    if (quantized_layout or policy_for(policy).quantized_layout) == "tiles":  # integer dots with Q8_0 activations, by definition
+    if _tiles(quantized_layout, policy):  # integer dots with Q8_0 activations, by definition
         if arithmetic not in ("auto", "q8_0"):
             raise ValueError(f"quantized_layout='tiles' multiplies Q8_0 activations (arithmetic='q8_0'), not arithmetic={arithmetic!r}")
         from maxjax.backend import kernels
@@ -415,6 +415,14 @@ def _layout_for_arithmetic(arithmetic: str, quantized_layout: str | None, policy
     return "int8"
 
 
+def _tiles(quantized_layout: str | None, policy: Any) -> bool:
+    """Whether the model is asked for in the ``tiles`` layout: by ``quantized_layout``, or where
+    that is None by the policy's."""
+    from maxjax.backend import policy_for
+
+    return (quantized_layout or policy_for(policy).quantized_layout) == "tiles"
+
+
 def _require_gguf(arithmetic: str, model: Any) -> None:
     """Raises for ``arithmetic`` (``"int8"``, ``"q8_0"``) on a Hugging Face model of float weights."""
     path = Path(resolve_model_path(model))
@@ -430,7 +438,7 @@ def _policy_for_arithmetic(arithmetic: str, policy: Any, quantized_layout: str |
 
     from maxjax.backend import policy_for
 
-    if (quantized_layout or policy_for(policy).quantized_layout) == "tiles":  # its arithmetic, for every other quantized weight too
+    if _tiles(quantized_layout, policy):  # its arithmetic, for every other quantized weight too
         arithmetic = "q8_0"
     want = {"q8_0": True, "float32": False}.get(arithmetic)
     if want is not None and policy_for(policy).q8_activations != want:
